@@ -1,0 +1,71 @@
+"""The exception tree of iop-edge.
+
+Every error the daemon raises on purpose derives from :class:`IopEdgeError`::
+
+    IopEdgeError
+    ├── ConfigError          a config that cannot be loaded or is invalid (carries every problem)
+    ├── AdmissionError       the scheduler refused or dropped a request (carries a reason code)
+    ├── AdapterError         an upstream call failed (upstream_error / upstream_timeout)
+    └── AuthError            a request without a valid principal or provider credential
+
+Third-party exceptions are mapped to these once, at the boundary where they occur, with
+``raise ... from exc`` so the original stays in the traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class IopEdgeError(Exception):
+    """Root of every error iop-edge raises on purpose."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigProblem:
+    """One problem found in a config: the exact path, and a sentence naming value and rule."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class ConfigError(IopEdgeError):
+    """A config failed to load or validate. ``problems`` lists every problem found, in order."""
+
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class AdmissionError(IopEdgeError):
+    """The scheduler refused or dropped a request.
+
+    ``reason`` is one of ``queue_full``, ``queue_timeout``, ``no_available_provider``,
+    ``model_not_found`` or ``client_gone``; ``config_change`` is true when a live config change
+    (a removed model group, a last provider disabled) caused it.
+    """
+
+    def __init__(self, reason: str, message: str, *, config_change: bool = False) -> None:
+        self.reason = reason
+        self.config_change = config_change
+        super().__init__(message)
+
+
+class AdapterError(IopEdgeError):
+    """An upstream call failed. ``code`` is ``upstream_error`` or ``upstream_timeout``."""
+
+    def __init__(self, code: str, message: str, *, status: int = 502) -> None:
+        self.code = code
+        self.status = status
+        super().__init__(message)
+
+
+class AuthError(IopEdgeError):
+    """A request lacks a valid principal token or a required provider credential."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
