@@ -1,0 +1,232 @@
+"""Load ``edge.yaml`` text into an effective :class:`~iop_edge.config.schema.EdgeConfig`.
+
+Pure: the caller hands over the text and the environment; nothing here reads files or the clock.
+
+Steps, each reporting every problem it finds before the load fails:
+
+1. YAML → Python (safe loader; a syntax error or a duplicate key gives the line and column).
+2. ``${VAR}`` / ``${VAR:-default}`` expansion in string values (``$$`` is a literal ``$``).
+3. Legacy shapes normalized (the single-instance adapter mapping → named instances,
+   a bare provider id in ``models[].providers`` → ``{id: ...}``).
+4. The schema (types, ranges, unknown keys).
+5. Cross-field and cross-entity rules, with the defaults that depend on them
+   (:mod:`iop_edge.config.validate`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from typing import Any, Final, get_args
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from iop_edge.config import paths
+from iop_edge.config.schema import EdgeConfig, _show
+from iop_edge.config.validate import validate_config
+from iop_edge.errors import ConfigError, ConfigProblem
+
+_ENV_RE: Final = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+_BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_BaseLoader):  # type: ignore[valid-type,misc]
+    """A safe loader that refuses duplicate mapping keys instead of keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r} (first defined on line "
+                    f"{seen[key].start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+            if isinstance(key, str | int | float | bool):
+                seen[key] = key_node
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
+def parse_yaml(text: str, *, source: str = "edge.yaml") -> Any:
+    """Parse YAML text; a syntax error becomes a :class:`ConfigError` with line and column."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: safe
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        what = " ".join(p for p in (exc.context, exc.problem) if p)
+        raise ConfigError([ConfigProblem("", f"{where}: YAML syntax error: {what}")]) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigProblem("", f"{source}: YAML error: {exc}")]) from exc
+
+
+def expand_env(data: Any, env: Mapping[str, str], problems: list[ConfigProblem]) -> Any:
+    """Expand ``${VAR}`` and ``${VAR:-default}`` in every string value of a parsed document.
+
+    A variable that is unset and has no default is reported at the path of the value.
+    Expansion yields text only: use it for secrets, hosts and URLs.
+    """
+
+    def expand(value: Any, loc: tuple[str | int, ...]) -> Any:
+        if isinstance(value, str):
+            if "$" not in value:
+                return value
+
+            def substitute(match: re.Match[str]) -> str:
+                if match.group(0) == "$$":
+                    return "$"
+                name, default = match.group(1), match.group(2)
+                if name in env:
+                    return env[name]
+                if default is not None:
+                    return default
+                problems.append(
+                    ConfigProblem(
+                        paths.render_loc(loc, data),
+                        f"environment variable {name} is not set; set it (for example in the "
+                        f"service's EnvironmentFile) or write ${{{name}:-default}}",
+                    )
+                )
+                return ""
+
+            return _ENV_RE.sub(substitute, value)
+        if isinstance(value, dict):
+            return {k: expand(v, (*loc, str(k))) for k, v in value.items()}
+        if isinstance(value, list):
+            return [expand(item, (*loc, i)) for i, item in enumerate(value)]
+        return value
+
+    return expand(data, ())
+
+
+def normalize_legacy_shapes(data: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite legacy shapes into the canonical ones, leaving anything unexpected to the schema.
+
+    - ``nodes[].adapters`` as a mapping ``{type: {config}}`` → ``[{name: type, type: type, ...}]``
+    - a bare provider id in ``models[].providers`` → ``{id: provider_id}``
+    """
+    nodes = data.get("nodes")
+    if isinstance(nodes, list):
+        new_nodes = []
+        for node in nodes:
+            adapters = node.get("adapters") if isinstance(node, dict) else None
+            if isinstance(adapters, dict):
+                node = dict(node)
+                node["adapters"] = [
+                    {"name": kind, "type": kind, **(body or {})}
+                    if body is None or isinstance(body, dict)
+                    else body  # not a mapping: left for the schema to report
+                    for kind, body in adapters.items()
+                ]
+            new_nodes.append(node)
+        data = {**data, "nodes": new_nodes}
+    models = data.get("models")
+    if isinstance(models, list):
+        new_models = []
+        for model in models:
+            refs = model.get("providers") if isinstance(model, dict) else None
+            if isinstance(refs, list):
+                model = {
+                    **model,
+                    "providers": [{"id": r} if isinstance(r, str) else r for r in refs],
+                }
+            new_models.append(model)
+        data = {**data, "models": new_models}
+    return data
+
+
+def _field_names(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The allowed keys at a location, for "did you mean" hints on unknown keys."""
+    current = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part)
+        if field is None:
+            return []
+        args = get_args(field.annotation) or (field.annotation,)
+        nested = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nested:
+            return []
+        current = nested[0]
+    return list(current.model_fields)
+
+
+def problems_from_validation_error(exc: ValidationError, raw: Any) -> list[ConfigProblem]:
+    """Turn pydantic's errors into path-qualified problems that name the value and the rule."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        path = paths.render_loc(loc, raw)
+        field = next((str(p) for p in reversed(loc) if isinstance(p, str)), "value")
+        kind = err["type"]
+        value = err.get("input")
+        if kind == "extra_forbidden":
+            allowed = _field_names(EdgeConfig, loc)
+            close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "allowed keys: " + ", ".join(allowed)
+            message = f"unknown key {str(loc[-1])!r}; {hint}"
+        elif kind == "missing":
+            message = f"required key {field!r} is missing"
+        elif kind == "value_error":
+            message = str(err["ctx"]["error"]).replace("{field}", field)
+        elif kind == "literal_error":
+            message = f"{_show(value)} is not allowed; {field} must be {err['ctx']['expected']}"
+        elif kind == "too_short":
+            message = f"is empty; {field} needs at least {err['ctx']['min_length']} item"
+        else:
+            message = f"{_show(value)} is invalid: {err['msg'][0].lower()}{err['msg'][1:]}"
+        problems.append(ConfigProblem(path, message))
+    return problems
+
+
+def parse_config(data: Any, *, env: Mapping[str, str] | None = None) -> EdgeConfig:
+    """Validate an already-parsed document into an effective config, or raise ConfigError."""
+    if data is None:
+        raise ConfigError([ConfigProblem("", "the config is empty; it must be a YAML mapping")])
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [ConfigProblem("", f"the config is a {type(data).__name__}; it must be a mapping")]
+        )
+    problems: list[ConfigProblem] = []
+    data = expand_env(data, env or {}, problems)
+    if problems:
+        raise ConfigError(problems)
+    data = normalize_legacy_shapes(data)
+    try:
+        config = EdgeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(problems_from_validation_error(exc, data)) from None
+    return validate_config(config)
+
+
+def load_config(
+    text: str, *, env: Mapping[str, str] | None = None, source: str = "edge.yaml"
+) -> EdgeConfig:
+    """Load YAML text into an effective config; raise :class:`ConfigError` listing every problem."""
+    return parse_config(parse_yaml(text, source=source), env=env)
+
+
+def dump_config(config: EdgeConfig) -> dict[str, Any]:
+    """The effective config as plain data that :func:`parse_config` loads back to an equal config.
+
+    Identity keys come first in each adapter and provider, for people reading the dump.
+    """
+    data = config.model_dump(mode="json", exclude_none=True)
+    for node in data["nodes"]:
+        node["adapters"] = [_identity_first(a, ("name", "type")) for a in node["adapters"]]
+        node["providers"] = [_identity_first(p, ("id", "type")) for p in node["providers"]]
+    return data
+
+
+def _identity_first(item: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {**{k: item[k] for k in keys}, **item}

@@ -1,0 +1,416 @@
+"""The schema of ``edge.yaml`` (SPEC §3): frozen pydantic models with ``extra="forbid"``.
+
+This module is the single source of truth for field names, types and defaults. It checks what
+one field can check on its own (types, ranges, formats) with messages that name the bad value and
+the rule; rules that relate fields or entities live in :mod:`iop_edge.config.validate`, which
+also fills in the defaults that depend on other entities (legacy queue policy, adapter
+references, upstream targets).
+
+A value written ``{field}`` inside a validator message is replaced by the field's name when the
+message is turned into a :class:`~iop_edge.errors.ConfigProblem`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    model_validator,
+)
+
+# --- field validators -----------------------------------------------------------------------
+
+_REF_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_MODEL_ID_RE: Final = re.compile(r"^[^\s\[\]]+$")
+_HEX64_RE: Final = re.compile(r"^[0-9a-fA-F]{64}$")
+_HEADER_RE: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+DEFAULT_MAX_QUEUE: Final = 16
+DEFAULT_QUEUE_TIMEOUT_MS: Final = 30_000
+DEFAULT_LONG_CONTEXT_THRESHOLD: Final = 100_000
+DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+SEULGIVIBE_ALIASES: Final = ("seulgivibe_claude", "seulgivibe_openai")
+
+
+def _show(value: object) -> str:
+    """Render a bad value for a message: short, quoted when it is text."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _ref(value: str) -> str:
+    if not _REF_RE.match(value):
+        raise ValueError(
+            f"{_show(value)} is not a valid identifier; {{field}} must start with a letter or "
+            "digit and contain only letters, digits, '.', '_' and '-'"
+        )
+    return value
+
+
+def _model_id(value: str) -> str:
+    if not _MODEL_ID_RE.match(value):
+        raise ValueError(
+            f"{_show(value)} is not a valid model id; {{field}} must be non-empty, "
+            "without whitespace or square brackets"
+        )
+    return value
+
+
+def _non_empty(value: str) -> str:
+    if not value.strip():
+        raise ValueError(f"{_show(value)} is empty; {{field}} must be a non-empty string")
+    return value
+
+
+def _non_negative(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{value} is negative; {{field}} must be >= 0")
+    return value
+
+
+def _positive(value: int) -> int:
+    if value <= 0:
+        raise ValueError(f"{value} is not positive; {{field}} must be > 0")
+    return value
+
+
+def _at_least_one(value: int) -> int:
+    if value < 1:
+        raise ValueError(
+            f"{value} is below 1; {{field}} must be >= 1 (to take a provider out of dispatch, "
+            "set enabled: false)"
+        )
+    return value
+
+
+def _sha256_hex(value: str) -> str:
+    if not _HEX64_RE.match(value):
+        raise ValueError(
+            f"{_show(value)} is not a SHA-256 hex digest; {{field}} must be 64 hexadecimal "
+            "characters (generate one with `iop-edge token new`)"
+        )
+    return value.lower()
+
+
+def _header_name(value: str) -> str:
+    if not _HEADER_RE.match(value):
+        raise ValueError(f"{_show(value)} is not a valid HTTP header name")
+    return value
+
+
+def _address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(
+            f"{_show(value)} is not a listen address; {{field}} must be HOST:PORT with a port "
+            "from 0 to 65535 (IPv6 as [::1]:PORT)"
+        )
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f"{_show(value)}: an IPv6 host must be written in brackets, as [::1]:PORT")
+    return value
+
+
+def _http_url(value: str) -> str:
+    if not (value.startswith("http://") or value.startswith("https://")) or len(value) < 10:
+        raise ValueError(f"{_show(value)} is not an http(s) URL; {{field}} must start with http://")
+    return value.rstrip("/")
+
+
+def _queue_max(value: Any) -> Any:
+    # SPEC §3.1: max_queue 0 or omitted (null) means the default, 16.
+    if value is None or (type(value) is int and value == 0):
+        return DEFAULT_MAX_QUEUE
+    return value
+
+
+Ref = Annotated[str, AfterValidator(_ref)]
+ModelId = Annotated[str, AfterValidator(_model_id)]
+NonEmpty = Annotated[str, AfterValidator(_non_empty)]
+# Lax mode lets YAML lists fill tuples; numbers and booleans stay strict ("8" is not 8).
+NonNegative = Annotated[int, Strict(), AfterValidator(_non_negative)]
+Positive = Annotated[int, Strict(), AfterValidator(_positive)]
+Capacity = Annotated[int, Strict(), AfterValidator(_at_least_one)]
+Sha256Hex = Annotated[str, AfterValidator(_sha256_hex)]
+HeaderName = Annotated[str, AfterValidator(_header_name)]
+Address = Annotated[str, AfterValidator(_address)]
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+class _Section(BaseModel):
+    """Base of every config model: immutable, unknown keys rejected, no type coercion."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- identity and listeners -----------------------------------------------------------------
+
+
+class EdgeIdentity(_Section):
+    """``edge``: who this edge is (used in logs, payloads and metrics)."""
+
+    id: Ref = "edge"
+
+
+class ListenSection(_Section):
+    """``listen``: the node-facing listener, reserved for remote node agents."""
+
+    address: Address = "127.0.0.1:7600"
+
+
+class BootstrapSection(_Section):
+    """``bootstrap``: remote-node bootstrap, reserved. The edge derives node config itself."""
+
+    enabled: StrictBool = False
+
+
+class LoggingSection(_Section):
+    """``logging``: level and format (one JSON object per event, or a console rendering)."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "console"] = "json"
+
+
+class MetricsSection(_Section):
+    """``metrics``: the Prometheus ``/metrics`` listener."""
+
+    enabled: StrictBool = True
+    listen: Address = "127.0.0.1:9464"
+
+
+class ConsoleSection(_Section):
+    """``console``: the admin API listener (status, refresh); keep it on loopback."""
+
+    enabled: StrictBool = True
+    listen: Address = "127.0.0.1:7601"
+
+
+class ControlPlaneSection(_Section):
+    """``control_plane``: reserved for a central control plane."""
+
+    enabled: StrictBool = False
+    url: HttpUrl | None = None
+
+
+class A2ASection(_Section):
+    """``a2a``: reserved for an agent-to-agent listener."""
+
+    enabled: StrictBool = False
+    listen: Address | None = None
+
+
+# --- the OpenAI surface ---------------------------------------------------------------------
+
+
+class PrincipalToken(_Section):
+    """One accepted bearer token, stored only as its SHA-256 hash, mapped to a principal."""
+
+    token_ref: Ref
+    token_hash_sha256: Sha256Hex
+    principal_ref: NonEmpty
+    principal_alias: str | None = None
+
+
+class ProviderAuth(_Section):
+    """Request-time forwarding of a raw provider credential from a request header upstream."""
+
+    enabled: StrictBool = False
+    from_header: HeaderName = "X-IOP-Provider-Authorization"
+    target_header: HeaderName = "Authorization"
+    scheme: str = "Bearer"
+    required: StrictBool = True
+
+
+class ModelRoute(_Section):
+    """A compatibility route: external ``model`` id → an adapter instance and upstream target."""
+
+    model: ModelId
+    adapter: Ref
+    target: NonEmpty
+    node: Ref | None = None
+
+
+class OpenAISection(_Section):
+    """``openai``: the OpenAI-compatible listener, its principals and its route catalog."""
+
+    listen: Address = "127.0.0.1:8080"
+    allow_anonymous: StrictBool = False
+    max_body_bytes: Positive = DEFAULT_MAX_BODY_BYTES
+    principal_tokens: tuple[PrincipalToken, ...] = ()
+    provider_auth: ProviderAuth = ProviderAuth()
+    model_routes: tuple[ModelRoute, ...] = ()
+
+
+# --- queue policy and model groups ----------------------------------------------------------
+
+
+class ProviderPool(_Section):
+    """``provider_pool``: the queue policy shared by every model group and provider.
+
+    ``max_queue`` caps all pending requests of the edge (0 or omitted → 16);
+    ``queue_timeout_ms`` is each pending request's maximum wait (omitted → 30000, 0 → none).
+    """
+
+    max_queue: Annotated[NonNegative, BeforeValidator(_queue_max)] = DEFAULT_MAX_QUEUE
+    queue_timeout_ms: NonNegative = DEFAULT_QUEUE_TIMEOUT_MS
+
+
+class ModelProviderRef(_Section):
+    """An entry of ``models[].providers``: a provider id and the upstream model name to ask for.
+
+    ``target`` is always set in an effective config (resolved at load when omitted).
+    """
+
+    id: Ref
+    target: NonEmpty | None = None
+
+
+class ModelGroup(_Section):
+    """A ``models[]`` entry: the canonical routing key into the provider pool."""
+
+    id: ModelId
+    display_name: str | None = None
+    context_window_tokens: Positive
+    providers: tuple[ModelProviderRef, ...] = Field(min_length=1)
+    default_max_tokens: Positive | None = None
+    min_max_tokens: Positive | None = None
+    default_thinking_token_budget: NonNegative | None = None
+
+
+# --- nodes, adapters, providers -------------------------------------------------------------
+
+AdapterType = Literal["openai_compat", "ollama", "cli"]
+ProviderType = Literal["openai_compat", "ollama", "cli", "seulgivibe_claude", "seulgivibe_openai"]
+OutputFormat = Literal["text", "json", "stream-json"]
+
+#: Provider-first execution fields: set on a provider, they override its adapter's values.
+EXECUTION_FIELDS: Final = (
+    "provider",
+    "endpoint",
+    "base_url",
+    "headers",
+    "command",
+    "args",
+    "env",
+    "mode",
+    "resume_args",
+    "output_format",
+    "context_size",
+    "request_timeout_ms",
+)
+
+
+class ExecutionFields(_Section):
+    """How to reach an upstream; shared by adapter instances and (as overrides) providers."""
+
+    provider: NonEmpty | None = None
+    endpoint: NonEmpty | None = None
+    base_url: HttpUrl | None = None
+    headers: dict[HeaderName, str] | None = None
+    command: NonEmpty | None = None
+    args: tuple[str, ...] | None = None
+    env: dict[str, str] | None = None
+    mode: NonEmpty | None = None
+    resume_args: tuple[str, ...] | None = None
+    output_format: OutputFormat | None = None
+    context_size: Positive | None = None
+    request_timeout_ms: Positive | None = None
+
+
+class Adapter(ExecutionFields):
+    """A named adapter instance of a node (``nodes[].adapters[]``)."""
+
+    name: Ref
+    type: AdapterType
+    enabled: StrictBool = True
+
+
+def _runtime_type(data: Any) -> Any:
+    # SPEC §3.1: seulgivibe_* types run as openai_compat; the alias survives as the
+    # `provider` label unless one is set. Defaults that depend on a sibling field are filled
+    # here so the schema stays the one place defaults live.
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    kind = data.get("type")
+    if kind in SEULGIVIBE_ALIASES:
+        data["type"] = "openai_compat"
+        if data.get("provider") is None:
+            data["provider"] = kind
+    if data.get("long_context_capacity") is None:
+        capacity = data.get("capacity", 1)
+        if type(capacity) is int:
+            data["long_context_capacity"] = capacity
+    return data
+
+
+class Provider(ExecutionFields):
+    """A ``nodes[].providers[]`` entry: one schedulable resource of a node.
+
+    ``adapter`` is always set in an effective config (the exact instance name, resolved at load
+    from a legacy type-name reference or from the provider's type when omitted).
+    ``max_queue`` / ``queue_timeout_ms`` are legacy inputs, read only without ``provider_pool``
+    and always cleared in an effective config.
+    """
+
+    id: Ref
+    type: ProviderType
+    category: Literal["api", "cli", "local_inference"]
+    adapter: Ref | None = None
+    models: tuple[NonEmpty, ...] = Field(min_length=1)
+    enabled: StrictBool = True
+    capacity: Capacity = 1
+    long_context_capacity: NonNegative = 1
+    total_context_tokens: Positive | None = None
+    priority: NonNegative = 0
+    max_queue: NonNegative | None = None
+    queue_timeout_ms: NonNegative | None = None
+
+    _normalize = model_validator(mode="before")(_runtime_type)
+
+
+class NodeRuntime(_Section):
+    """``nodes[].runtime``: legacy node runtime concurrency metadata (informational)."""
+
+    max_concurrency: Positive | None = None
+
+
+class Node(_Section):
+    """A ``nodes[]`` entry: the adapters and providers of one machine."""
+
+    id: Ref
+    alias: NonEmpty | None = None
+    agent_kind: NonEmpty = "server"
+    token_hash_sha256: Sha256Hex | None = None
+    runtime: NodeRuntime = NodeRuntime()
+    adapters: tuple[Adapter, ...] = ()
+    providers: tuple[Provider, ...] = ()
+
+
+# --- the root -------------------------------------------------------------------------------
+
+
+class EdgeConfig(_Section):
+    """The whole ``edge.yaml``. After :func:`iop_edge.config.load_config` it is *effective*:
+    every default filled in, legacy forms normalized, references resolved."""
+
+    edge: EdgeIdentity = EdgeIdentity()
+    listen: ListenSection = ListenSection()
+    bootstrap: BootstrapSection = BootstrapSection()
+    logging: LoggingSection = LoggingSection()
+    metrics: MetricsSection = MetricsSection()
+    console: ConsoleSection = ConsoleSection()
+    control_plane: ControlPlaneSection = ControlPlaneSection()
+    a2a: A2ASection = A2ASection()
+    openai: OpenAISection = OpenAISection()
+    long_context_threshold_tokens: Positive = DEFAULT_LONG_CONTEXT_THRESHOLD
+    provider_pool: ProviderPool = ProviderPool()
+    models: tuple[ModelGroup, ...] = ()
+    nodes: tuple[Node, ...] = ()

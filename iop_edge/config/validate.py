@@ -1,0 +1,404 @@
+"""Rules of SPEC §3.1 that relate fields and entities, and the defaults that depend on them.
+
+:func:`validate_config` takes a config that passed the schema and returns the *effective*
+config — legacy queue values promoted or dropped, adapter references resolved to instance names,
+upstream targets resolved, route nodes resolved — or raises :class:`ConfigError` with every
+problem found, each at its exact path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from iop_edge.config.schema import (
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_QUEUE_TIMEOUT_MS,
+    Adapter,
+    EdgeConfig,
+    ModelGroup,
+    ModelProviderRef,
+    ModelRoute,
+    Node,
+    Provider,
+    ProviderPool,
+)
+from iop_edge.errors import ConfigError, ConfigProblem
+
+
+def provider_path(node: Node, provider: Provider) -> str:
+    """The path of a provider, as errors and refresh reports print it."""
+    return f"nodes[{node.id}].providers[{provider.id}]"
+
+
+def is_loopback(address: str) -> bool:
+    """True when a ``HOST:PORT`` listen address only accepts connections from this machine."""
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _listing(items: Iterable[str], limit: int = 8) -> str:
+    items = list(items)
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "") or "none"
+
+
+def _suggest(value: str, known: Iterable[str]) -> str:
+    known = list(known)
+    close = difflib.get_close_matches(value, known, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"known: {_listing(known)}"
+
+
+@dataclass
+class _Checker:
+    config: EdgeConfig
+    problems: list[ConfigProblem] = field(default_factory=list)
+    providers: dict[str, tuple[Node, Provider]] = field(default_factory=dict)
+
+    def problem(self, path: str, message: str) -> None:
+        self.problems.append(ConfigProblem(path, message))
+
+    # -- sections ----------------------------------------------------------------------------
+
+    def reserved_sections(self) -> None:
+        for name in ("bootstrap", "control_plane", "a2a"):
+            if getattr(self.config, name).enabled:
+                self.problem(
+                    f"{name}.enabled",
+                    f"true is not supported: {name} is reserved and has no service in this "
+                    f"version; set {name}.enabled: false",
+                )
+
+    def openai(self) -> None:
+        section = self.config.openai
+        refs: dict[str, int] = {}
+        hashes: dict[str, str] = {}
+        for index, token in enumerate(section.principal_tokens):
+            path = f"openai.principal_tokens[{token.token_ref}]"
+            if token.token_ref in refs:
+                self.problem(
+                    f"{path}.token_ref",
+                    f"{token.token_ref!r} is used by entries {refs[token.token_ref]} and {index}; "
+                    "token_ref must be unique",
+                )
+            refs.setdefault(token.token_ref, index)
+            if token.token_hash_sha256 in hashes:
+                self.problem(
+                    f"{path}.token_hash_sha256",
+                    "the same hash as openai.principal_tokens"
+                    f"[{hashes[token.token_hash_sha256]}]; a token hash may appear only once",
+                )
+            hashes.setdefault(token.token_hash_sha256, token.token_ref)
+        anonymous = not section.principal_tokens and not section.allow_anonymous
+        if anonymous and not is_loopback(section.listen):
+            self.problem(
+                "openai.listen",
+                f"{section.listen!r} is not a loopback address and openai.principal_tokens "
+                "is empty; add principal tokens (iop-edge token new) or set "
+                "openai.allow_anonymous: true to serve without authentication",
+            )
+
+    # -- nodes, adapters, providers ----------------------------------------------------------
+
+    def nodes(self) -> tuple[Node, ...]:
+        node_ids: set[str] = set()
+        nodes = []
+        for node in self.config.nodes:
+            if node.id in node_ids:
+                self.problem(
+                    f"nodes[{node.id}].id", f"{node.id!r} is used twice; node ids must be unique"
+                )
+            node_ids.add(node.id)
+            names: set[str] = set()
+            for adapter in node.adapters:
+                if adapter.name in names:
+                    self.problem(
+                        f"nodes[{node.id}].adapters[{adapter.name}].name",
+                        f"{adapter.name!r} is used twice in this node; adapter names must be "
+                        "unique within a node",
+                    )
+                names.add(adapter.name)
+            providers = tuple(self.provider(node, p) for p in node.providers)
+            nodes.append(node.model_copy(update={"providers": providers}))
+        return tuple(nodes)
+
+    def provider(self, node: Node, provider: Provider) -> Provider:
+        path = provider_path(node, provider)
+        if provider.id in self.providers:
+            other_node, _ = self.providers[provider.id]
+            where = "this node" if other_node is node else f"nodes[{other_node.id}]"
+            self.problem(
+                f"{path}.id",
+                f"{provider.id!r} is already the id of an earlier provider in {where}; "
+                "provider ids must be unique across the whole config",
+            )
+        else:
+            self.providers[provider.id] = (node, provider)
+        if provider.long_context_capacity > provider.capacity:
+            self.problem(
+                f"{path}.long_context_capacity",
+                f"{provider.long_context_capacity} is above capacity {provider.capacity}; "
+                "0 <= long_context_capacity <= capacity",
+            )
+        adapter = self.resolve_adapter(node, provider, path, report=provider.enabled)
+        if adapter is None:
+            return provider
+        if provider.enabled and adapter.type != provider.type:
+            self.problem(
+                f"{path}.type",
+                f"{provider.type!r} does not match adapter {adapter.name!r} of type "
+                f"{adapter.type!r}; a provider runs on an adapter of its own runtime type",
+            )
+        if provider.enabled and provider.category == "cli" and adapter.type != "cli":
+            self.problem(
+                f"{path}.category",
+                f"'cli' needs an enabled cli adapter, but adapter {adapter.name!r} is "
+                f"{adapter.type!r}",
+            )
+        return provider.model_copy(update={"adapter": adapter.name})
+
+    def resolve_adapter(
+        self, node: Node, provider: Provider, path: str, *, report: bool
+    ) -> Adapter | None:
+        """The exact instance name wins; a type name (or no name: the provider's own type)
+        resolves only when exactly one enabled instance of that type exists in the node."""
+        ref = provider.adapter or provider.type
+        enabled = [a for a in node.adapters if a.enabled]
+        named = next((a for a in node.adapters if a.name == ref), None)
+        if named is not None:
+            if named.enabled:
+                return named
+            if report:
+                self.problem(
+                    f"{path}.adapter",
+                    f"{ref!r} is disabled in nodes[{node.id}]; a provider needs an enabled "
+                    "adapter instance (disable the provider too, or enable the adapter)",
+                )
+            return None
+        same_type = [a for a in enabled if a.type == ref]
+        if len(same_type) == 1:
+            return same_type[0]
+        if report:
+            given = f"{ref!r}" if provider.adapter else f"no adapter given and type {ref!r}"
+            if same_type:
+                names = _listing(a.name for a in same_type)
+                self.problem(
+                    f"{path}.adapter",
+                    f"{given} matches several enabled {ref} instances ({names}); name one",
+                )
+            else:
+                names = _listing(f"{a.name} ({a.type})" for a in enabled)
+                self.problem(
+                    f"{path}.adapter",
+                    f"{given} names no enabled adapter instance of nodes[{node.id}] "
+                    f"(enabled instances: {names}); provider.adapter must name one",
+                )
+        return None
+
+    # -- queue policy ------------------------------------------------------------------------
+
+    def queue_policy(self, referenced: set[str]) -> ProviderPool:
+        """The effective root policy: ``provider_pool`` when present, else the legacy
+        per-provider values of every participating provider, which must all agree."""
+        if "provider_pool" in self.config.model_fields_set:
+            return self.config.provider_pool
+        pairs: dict[tuple[int, int], list[str]] = {}
+        for pid, (node, provider) in self.providers.items():
+            if not provider.enabled or pid not in referenced:
+                continue
+            pair = (
+                provider.max_queue or DEFAULT_MAX_QUEUE,
+                DEFAULT_QUEUE_TIMEOUT_MS
+                if provider.queue_timeout_ms is None
+                else provider.queue_timeout_ms,
+            )
+            pairs.setdefault(pair, []).append(provider_path(node, provider))
+        if len(pairs) > 1:
+            described = "; ".join(
+                f"max_queue={mq} queue_timeout_ms={qt}: {_listing(where)}"
+                for (mq, qt), where in sorted(pairs.items())
+            )
+            self.problem(
+                "provider_pool",
+                f"is absent and the legacy per-provider queue values disagree ({described}); "
+                "set provider_pool: {max_queue: N, queue_timeout_ms: MS} — the edge never "
+                "picks one provider's values",
+            )
+        if len(pairs) == 1:
+            (max_queue, timeout_ms) = next(iter(pairs))
+            return ProviderPool(max_queue=max_queue, queue_timeout_ms=timeout_ms)
+        return ProviderPool()
+
+    # -- models and routes -------------------------------------------------------------------
+
+    def models(self) -> tuple[ModelGroup, ...]:
+        seen: set[str] = set()
+        models = []
+        for model in self.config.models:
+            path = f"models[{model.id}]"
+            if model.id in seen:
+                self.problem(f"{path}.id", f"{model.id!r} is used twice; model ids must be unique")
+            seen.add(model.id)
+            self.generation_policy(model, path)
+            refs: list[ModelProviderRef] = []
+            ids: set[str] = set()
+            for ref in model.providers:
+                ref_path = f"{path}.providers[{ref.id}]"
+                if ref.id in ids:
+                    self.problem(ref_path, f"{ref.id!r} is listed twice in this model")
+                ids.add(ref.id)
+                refs.append(self.model_provider(model, ref, ref_path))
+            models.append(model.model_copy(update={"providers": tuple(refs)}))
+        return tuple(models)
+
+    def generation_policy(self, model: ModelGroup, path: str) -> None:
+        window = model.context_window_tokens
+        if model.default_max_tokens is not None and model.default_max_tokens > window:
+            self.problem(
+                f"{path}.default_max_tokens",
+                f"{model.default_max_tokens} is above context_window_tokens {window}; "
+                "default_max_tokens must fit the context window",
+            )
+        if model.min_max_tokens is not None:
+            if model.default_max_tokens is not None and (
+                model.min_max_tokens > model.default_max_tokens
+            ):
+                self.problem(
+                    f"{path}.min_max_tokens",
+                    f"{model.min_max_tokens} is above default_max_tokens "
+                    f"{model.default_max_tokens}; min_max_tokens <= default_max_tokens",
+                )
+            elif model.min_max_tokens > window:
+                self.problem(
+                    f"{path}.min_max_tokens",
+                    f"{model.min_max_tokens} is above context_window_tokens {window}; "
+                    "min_max_tokens must fit the context window",
+                )
+
+    def model_provider(
+        self, model: ModelGroup, ref: ModelProviderRef, path: str
+    ) -> ModelProviderRef:
+        found = self.providers.get(ref.id)
+        if found is None:
+            self.problem(
+                path,
+                f"{ref.id!r} is not the id of any nodes[].providers[] entry; "
+                f"{_suggest(ref.id, self.providers)}",
+            )
+            return ref
+        node, provider = found
+        total = provider.total_context_tokens
+        if total is not None and total < model.context_window_tokens * (
+            provider.long_context_capacity
+        ):
+            need = model.context_window_tokens * provider.long_context_capacity
+            self.problem(
+                f"{provider_path(node, provider)}.total_context_tokens",
+                f"{total} is below models[{model.id}].context_window_tokens "
+                f"{model.context_window_tokens} × long_context_capacity "
+                f"{provider.long_context_capacity} = {need}; total_context_tokens must cover "
+                "that for every model that references the provider",
+            )
+        if ref.target is not None:
+            return ref
+        if model.id in provider.models:
+            return ref.model_copy(update={"target": model.id})
+        if len(provider.models) == 1:
+            return ref.model_copy(update={"target": provider.models[0]})
+        self.problem(
+            path,
+            f"the upstream model is ambiguous: provider {ref.id!r} serves "
+            f"{_listing(provider.models)} and none is named {model.id!r}; "
+            f"write {{id: {ref.id}, target: <one of them>}}",
+        )
+        return ref
+
+    def routes(self, nodes: tuple[Node, ...], model_ids: set[str]) -> tuple[ModelRoute, ...]:
+        seen: set[str] = set()
+        routes = []
+        by_id = {n.id: n for n in nodes}
+        for route in self.config.openai.model_routes:
+            path = f"openai.model_routes[{route.model}]"
+            if route.model in model_ids:
+                self.problem(
+                    f"{path}.model",
+                    f"{route.model!r} is also a models[] id; route ids and model ids are "
+                    "separate namespaces and must not collide",
+                )
+            if route.model in seen:
+                self.problem(f"{path}.model", f"{route.model!r} is routed twice")
+            seen.add(route.model)
+            if route.node is not None and route.node not in by_id:
+                self.problem(
+                    f"{path}.node",
+                    f"{route.node!r} is not a node id; {_suggest(route.node, by_id)}",
+                )
+                routes.append(route)
+                continue
+            candidates = [by_id[route.node]] if route.node else list(nodes)
+            holders = [(n, a) for n in candidates for a in n.adapters if a.name == route.adapter]
+            if len(holders) != 1:
+                where = _listing(n.id for n, _ in holders)
+                self.problem(
+                    f"{path}.adapter",
+                    f"{route.adapter!r} names no adapter instance"
+                    + (f" of nodes[{route.node}]" if route.node else "")
+                    if not holders
+                    else f"{route.adapter!r} is an adapter of several nodes ({where}); "
+                    "set node: to choose one",
+                )
+                routes.append(route)
+                continue
+            node, adapter = holders[0]
+            if not adapter.enabled:
+                self.problem(
+                    f"{path}.adapter", f"{route.adapter!r} is disabled in nodes[{node.id}]"
+                )
+            routes.append(route.model_copy(update={"node": node.id}))
+        return tuple(routes)
+
+
+def validate_config(config: EdgeConfig) -> EdgeConfig:
+    """Check every cross-field and cross-entity rule; return the effective config.
+
+    Raises :class:`ConfigError` listing every problem when any rule fails.
+    """
+    checker = _Checker(config)
+    checker.reserved_sections()
+    checker.openai()
+    nodes = checker.nodes()
+    models = checker.models()
+    referenced = {ref.id for model in models for ref in model.providers}
+    pool = checker.queue_policy(referenced)
+    routes = checker.routes(nodes, {m.id for m in models})
+    if not models and not routes:
+        checker.problem(
+            "models",
+            "nothing to serve: define at least one models[] entry or openai.model_routes[] entry",
+        )
+    if checker.problems:
+        raise ConfigError(checker.problems)
+    # Legacy per-provider queue values never reach the effective config: they were either
+    # promoted into provider_pool above or are ignored because provider_pool is present.
+    nodes = tuple(
+        node.model_copy(
+            update={
+                "providers": tuple(
+                    p.model_copy(update={"max_queue": None, "queue_timeout_ms": None})
+                    for p in node.providers
+                )
+            }
+        )
+        for node in nodes
+    )
+    openai = config.openai.model_copy(update={"model_routes": routes})
+    return config.model_copy(
+        update={"nodes": nodes, "models": models, "provider_pool": pool, "openai": openai}
+    )

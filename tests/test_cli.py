@@ -1,0 +1,146 @@
+"""The iop-edge command line, run as a real subprocess."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from iop_edge.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = str(ROOT / "configs/edge.yaml")
+FULL = str(ROOT / "configs/examples/full.yaml")
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    return subprocess.run(
+        [sys.executable, "-m", "iop_edge.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_validate_a_valid_file_exits_0():
+    result = run("config", "validate", SHIPPED)
+    assert (result.returncode, result.stdout.strip()) == (0, f"{SHIPPED}: valid")
+
+
+def test_validate_an_invalid_file_exits_1_with_one_line_per_problem(tmp_path):
+    doc = yaml.safe_load(Path(SHIPPED).read_text())
+    doc["nodes"][0]["providers"][0].update({"priority": -1, "capcity": 2})
+    bad = tmp_path / "edge.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    result = run("config", "validate", str(bad))
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "nodes[local].providers[echo-cat].priority: -1 is negative; priority must be >= 0",
+        "nodes[local].providers[echo-cat].capcity: unknown key 'capcity'; did you mean 'capacity'?",
+    ]
+    result = run("config", "validate", str(bad), "--json")
+    assert result.returncode == 1
+    assert json.loads(result.stdout) == {
+        "valid": False,
+        "errors": [
+            {
+                "path": "nodes[local].providers[echo-cat].priority",
+                "message": "-1 is negative; priority must be >= 0",
+            },
+            {
+                "path": "nodes[local].providers[echo-cat].capcity",
+                "message": "unknown key 'capcity'; did you mean 'capacity'?",
+            },
+        ],
+    }
+
+
+def test_validate_json_on_a_valid_file():
+    result = run("config", "validate", SHIPPED, "--json")
+    assert (result.returncode, json.loads(result.stdout)) == (0, {"valid": True, "errors": []})
+
+
+def test_validate_a_missing_file_exits_1_naming_it(tmp_path):
+    result = run("config", "validate", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"cannot read config {tmp_path / 'nope.yaml'}: No such file or directory"
+    )
+
+
+def test_validate_takes_the_default_path_from_the_environment():
+    result = run("config", "validate", env={"IOP_EDGE_CONFIG": SHIPPED})
+    assert result.returncode == 0
+
+
+def test_usage_errors_exit_2():
+    assert run("config").returncode == 2
+    assert run("config", "payload").returncode == 2
+    assert run("nonsense").returncode == 2
+
+
+def test_show_prints_the_effective_config_with_secrets_redacted():
+    result = run("config", "show", FULL, env={"OPENAI_API_KEY": "sk-very-secret"})
+    assert result.returncode == 0
+    assert "sk-very-secret" not in result.stdout
+    shown = yaml.safe_load(result.stdout)
+    hosted = next(a for a in shown["nodes"][0]["adapters"] if a["name"] == "hosted-api")
+    assert hosted["headers"] == {"Authorization": "<redacted>"}
+    assert shown["provider_pool"] == {"max_queue": 16, "queue_timeout_ms": 30000}
+    assert shown["models"][0]["providers"][0] == {"id": "vllm-a", "target": "qwen3-32b"}
+
+
+def test_payload_prints_one_node_as_json():
+    result = run("config", "payload", "--node", "local", "--config", SHIPPED)
+    assert result.returncode == 0
+    payload = json.loads(result.stdout)
+    assert payload["node_id"] == "local"
+    assert payload["providers"][0]["execution"]["command"] == "cat"
+    result = run("config", "payload", "--node", "gpu-9", "--config", SHIPPED)
+    assert result.returncode == 1
+    assert "'gpu-9' is not a node id; known nodes: local" in result.stderr
+
+
+def test_token_new_prints_a_token_once_and_an_entry_holding_only_its_hash(tmp_path):
+    result = run(
+        "token",
+        "new",
+        "--token-ref",
+        "app-chat",
+        "--principal-ref",
+        "team-a",
+        "--alias",
+        "Team A",
+        "--json",
+    )
+    assert result.returncode == 0
+    out = json.loads(result.stdout)
+    entry = out["principal_token"]
+    assert entry == {
+        "token_ref": "app-chat",
+        "token_hash_sha256": hashlib.sha256(out["token"].encode()).hexdigest(),
+        "principal_ref": "team-a",
+        "principal_alias": "Team A",
+    }
+    # the printed entry is ready to paste into a config
+    doc = yaml.safe_load(Path(SHIPPED).read_text())
+    doc["openai"]["principal_tokens"] = [entry]
+    config = load_config(yaml.safe_dump(doc))
+    assert config.openai.principal_tokens[0].token_ref == "app-chat"
+    human = run("token", "new", "--token-ref", "app", "--principal-ref", "p")
+    raw = human.stdout.splitlines()[0].rsplit(" ", 1)[1]
+    assert hashlib.sha256(raw.encode()).hexdigest() in human.stdout
+
+
+def test_token_new_rejects_a_bad_token_ref():
+    result = run("token", "new", "--token-ref", "has space", "--principal-ref", "p")
+    assert result.returncode == 2
+    assert "is not a valid identifier" in result.stderr
