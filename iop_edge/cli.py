@@ -19,6 +19,8 @@ import yaml
 from iop_edge import __version__
 from iop_edge.config import ConfigError, ConfigProblem, EdgeConfig, dump_config, load_config
 from iop_edge.config.payload import node_payload
+from iop_edge.config.redact import redact
+from iop_edge.config.refresh import RefreshResult, refresh
 from iop_edge.config.schema import PrincipalToken
 from iop_edge.tokens import new_token, token_hash
 
@@ -28,7 +30,6 @@ EXIT_USAGE = 2
 EXIT_RESTART = 3
 
 DEFAULT_CONFIG = "/etc/iop-edge/edge.yaml"
-REDACTED = "<redacted>"
 
 
 def default_config_path() -> str:
@@ -45,22 +46,6 @@ def read_config(path: str) -> EdgeConfig:
             [ConfigProblem("", f"cannot read config {path}: {exc.strerror or exc}")]
         ) from exc
     return load_config(text, env=os.environ, source=path)
-
-
-def redacted(data: dict[str, Any]) -> dict[str, Any]:
-    """A dumped config with every header and environment value hidden (they may hold secrets)."""
-
-    def walk(value: Any, key: str = "") -> Any:
-        if isinstance(value, dict):
-            if key in ("headers", "env"):
-                return dict.fromkeys(value, REDACTED)
-            return {k: walk(v, k) for k, v in value.items()}
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        return value
-
-    result: dict[str, Any] = walk(data)
-    return result
 
 
 def _print_problems(exc: ConfigError, as_json: bool) -> None:
@@ -100,7 +85,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _print_problems(exc, False)
         return EXIT_INVALID
-    data = redacted(dump_config(config))
+    data = redact(dump_config(config))
     if args.json:
         print(json.dumps(data, indent=2))
     else:
@@ -117,6 +102,82 @@ def cmd_config_payload(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     print(payload.model_dump_json(indent=2, exclude_none=True))
     return EXIT_OK
+
+
+def format_refresh(result: RefreshResult) -> str:
+    """A refresh result as a readable table (the JSON form is ``result.to_json()``)."""
+    lines = [f"result: {result.result} (mode {result.mode})"]
+    for label, ids in (
+        ("nodes", result.changed_nodes),
+        ("providers", result.changed_providers),
+        ("models", result.changed_models),
+    ):
+        if ids:
+            lines.append(f"changed {label}: {', '.join(ids)}")
+    if result.report:
+        rows = [("CLASS", "APPLIED", "PATH", "OLD", "NEW")] + [
+            (
+                e.change_class,
+                "yes" if e.applied else "no",
+                e.path,
+                _cell(e.old),
+                _cell(e.new),
+            )
+            for e in result.report
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        lines.append("")
+        lines += [
+            "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4]
+            for row in rows
+        ]
+    elif result.result != "rejected":
+        lines.append("no changes")
+    if result.errors:
+        lines.append("")
+        lines.append("errors:")
+        lines += [f"  {e.path}: {e.message}" if e.path else f"  {e.message}" for e in result.errors]
+    if result.config_hash:
+        lines.append("")
+        lines.append(f"running config hash: {result.config_hash}")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def cmd_config_refresh(args: argparse.Namespace) -> int:
+    """``iop-edge config refresh --offline RUNNING.yaml [--config FILE] [--dry-run|--apply]``.
+
+    Offline, nothing runs: the result says what a daemon running RUNNING.yaml would do with
+    the candidate FILE. (The online form, talking to the daemon's admin API, comes with it.)
+    """
+    if not args.offline:
+        print(
+            "iop-edge config refresh: only --offline RUNNING.yaml is available until the "
+            "daemon's admin API exists",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        running = read_config(args.offline)
+    except ConfigError as exc:
+        print(f"the running config {args.offline} does not load:", file=sys.stderr)
+        _print_problems(exc, False)
+        return EXIT_INVALID
+    try:
+        text = Path(args.config).read_text(encoding="utf-8")
+    except OSError as exc:
+        print(f"cannot read config {args.config}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_INVALID
+    mode = "apply" if args.apply else "dry_run"
+    result = refresh(running, text, mode=mode, env=os.environ, source=args.config).result
+    print(json.dumps(result.to_json(), indent=2) if args.json else format_refresh(result))
+    return result.exit_code
 
 
 def cmd_token_new(args: argparse.Namespace) -> int:
@@ -173,6 +234,19 @@ def build_parser() -> argparse.ArgumentParser:
     payload.add_argument("--node", required=True, help="node id")
     payload.add_argument("--config", default=default_config_path())
     payload.set_defaults(func=cmd_config_payload)
+
+    refresh_cmd = config_sub.add_parser(
+        "refresh", help="classify a candidate config against the running one"
+    )
+    refresh_cmd.add_argument("--config", default=default_config_path(), help="candidate file")
+    refresh_cmd.add_argument(
+        "--offline", metavar="RUNNING.yaml", help="compare against this file; no daemon needed"
+    )
+    modes = refresh_cmd.add_mutually_exclusive_group()
+    modes.add_argument("--dry-run", action="store_true", help="report only (the default)")
+    modes.add_argument("--apply", action="store_true", help="apply the live part")
+    refresh_cmd.add_argument("--json", action="store_true")
+    refresh_cmd.set_defaults(func=cmd_config_refresh)
 
     token = sub.add_parser("token", help="principal tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True, parser_class=_Parser)

@@ -204,3 +204,84 @@ def mutated_docs(draw: st.DrawFn) -> dict[str, Any]:
         elif action == "duplicate" and isinstance(parent, list):
             parent.append(copy.deepcopy(parent[last]))
     return doc
+
+
+def _providers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for n in doc["nodes"] for p in n["providers"]]
+
+
+@st.composite
+def edited_pairs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A valid document and a valid edit of it: live edits (capacity, priority, enabled, queue
+    policy, model fields, runtime metadata) mixed with restart edits (logging, adapter URLs,
+    provider labels, a new node, a removed provider that no model needs)."""
+    before = draw(valid_docs())
+    after = copy.deepcopy(before)
+    for _ in range(draw(st.integers(0, 6))):
+        edit = draw(
+            st.sampled_from(
+                [
+                    "capacity",
+                    "priority",
+                    "enabled",
+                    "pool",
+                    "threshold",
+                    "display",
+                    "window",
+                    "runtime",
+                    "logging",
+                    "base_url",
+                    "label",
+                    "add_node",
+                    "drop_model",
+                ]
+            )
+        )
+        provider = draw(st.sampled_from(_providers(after)))
+        model = draw(st.sampled_from(after["models"]))
+        if edit == "capacity":
+            provider["capacity"] = draw(st.integers(1, 8))
+            provider["long_context_capacity"] = draw(st.integers(0, provider["capacity"]))
+            provider.pop("total_context_tokens", None)
+        elif edit == "priority":
+            provider["priority"] = draw(st.integers(0, 20))
+        elif edit == "enabled":
+            provider["enabled"] = not provider.get("enabled", True)
+        elif edit == "pool":
+            after["provider_pool"] = {
+                "max_queue": draw(st.integers(1, 50)),
+                "queue_timeout_ms": draw(st.integers(0, 9000)),
+            }
+        elif edit == "threshold":
+            after["long_context_threshold_tokens"] = draw(st.integers(1, 10**6))
+        elif edit == "display":
+            model["display_name"] = draw(st.text(min_size=1, max_size=8))
+        elif edit == "window":
+            model["context_window_tokens"] = 131072
+        elif edit == "runtime":
+            after["nodes"][0]["runtime"] = {"max_concurrency": draw(st.integers(1, 99))}
+        elif edit == "logging":
+            after["logging"] = {"level": "debug", "format": "console"}
+        elif edit == "base_url":
+            after["nodes"][0]["adapters"][0]["base_url"] = "http://127.0.0.1:9999/v1"
+        elif edit == "label":
+            provider["provider"] = draw(st.sampled_from(["vllm", "llama.cpp"]))
+        elif edit == "add_node" and not any(n["id"] == "extra" for n in after["nodes"]):
+            extra = {"id": "extra-p", "type": "cli", "category": "cli", "models": ["x"]}
+            for legacy in ("max_queue", "queue_timeout_ms"):  # agree with the legacy policy
+                if legacy in provider:
+                    extra[legacy] = provider[legacy]
+            after["nodes"].append(
+                {
+                    "id": "extra",
+                    "adapters": [{"name": "c", "type": "cli", "command": "cat"}],
+                    "providers": [extra],
+                }
+            )
+            if draw(st.booleans()):  # a live model that needs the restart-only provider
+                after["models"].append(
+                    {"id": "needs-extra", "context_window_tokens": 10, "providers": ["extra-p"]}
+                )
+        elif edit == "drop_model" and len(after["models"]) > 1:
+            after["models"].remove(model)
+    return before, after

@@ -144,3 +144,63 @@ def test_token_new_rejects_a_bad_token_ref():
     result = run("token", "new", "--token-ref", "has space", "--principal-ref", "p")
     assert result.returncode == 2
     assert "is not a valid identifier" in result.stderr
+
+
+def refresh_files(tmp_path, edit):
+    doc = yaml.safe_load(Path(SHIPPED).read_text())
+    running = tmp_path / "running.yaml"
+    running.write_text(yaml.safe_dump(doc))
+    edit(doc)
+    candidate = tmp_path / "candidate.yaml"
+    candidate.write_text(yaml.safe_dump(doc))
+    return str(running), str(candidate)
+
+
+def test_offline_refresh_exit_codes_and_json(tmp_path):
+    def live(doc):
+        doc["nodes"][0]["providers"][0]["capacity"] = 2
+
+    def restart(doc):
+        doc["logging"]["level"] = "debug"
+
+    def invalid(doc):
+        doc["nodes"][0]["providers"][0]["priority"] = -1
+
+    for edit, code, outcome in (
+        (live, 0, "applied"),
+        (restart, 3, "restart_required"),
+        (invalid, 1, "rejected"),
+    ):
+        running, candidate = refresh_files(tmp_path, edit)
+        result = run("config", "refresh", "--offline", running, "--config", candidate, "--json")
+        assert result.returncode == code, result.stderr
+        data = json.loads(result.stdout)
+        assert (data["mode"], data["result"]) == ("dry_run", outcome)
+        assert set(data) >= {
+            "changed_nodes",
+            "changed_providers",
+            "changed_models",
+            "report",
+            "errors",
+        }
+
+
+def test_offline_refresh_prints_a_table(tmp_path):
+    running, candidate = refresh_files(
+        tmp_path, lambda d: d["nodes"][0]["providers"][0].update({"capacity": 2})
+    )
+    result = run("config", "refresh", "--offline", running, "--config", candidate, "--apply")
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == "result: applied (mode apply)"
+    assert "changed providers: echo-cat" in lines
+    row = next(line for line in lines if "capacity" in line)
+    assert row.split() == ["live", "yes", "nodes[local].providers[echo-cat].capacity", "4", "2"]
+
+
+def test_refresh_usage_errors_exit_2(tmp_path):
+    running, candidate = refresh_files(tmp_path, lambda d: None)
+    both = run(
+        "config", "refresh", "--offline", running, "--config", candidate, "--dry-run", "--apply"
+    )
+    assert both.returncode == 2

@@ -1,0 +1,408 @@
+"""Refresh classification (SPEC §4): diff the running config against a candidate.
+
+Every changed leaf — or a whole added/removed entity — becomes one :class:`ReportEntry` of class
+``live`` (applied to the running daemon without a restart) or ``restart`` (reported, left
+unapplied). What is live:
+
+- ``long_context_threshold_tokens``, ``provider_pool.max_queue``, ``provider_pool.queue_timeout_ms``
+- a provider's ``capacity``, ``long_context_capacity``, ``total_context_tokens``, ``priority``,
+  ``enabled``
+- ``models[]``: add, remove, and every field (display name, context window, provider list,
+  generation policy)
+- ``nodes[].runtime`` (legacy node runtime concurrency metadata)
+
+Everything else is restart-class: edge identity, ``listen``, ``bootstrap``, ``logging``,
+``metrics``, ``console``, ``control_plane``, ``a2a``, ``openai`` (any deep change, principal
+tokens included), node add/remove and node alias/agent kind/token, adapter instances, provider
+add/remove and every other provider field.
+
+The config that runs after a refresh is the old config plus only its live changes
+(:func:`apply_live`); it must pass validation, or no live change is applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from iop_edge.config.load import load_config
+from iop_edge.config.redact import SECRET_MAPS, SECRET_VALUE, redact
+from iop_edge.config.schema import EdgeConfig, Node
+from iop_edge.config.validate import validate_config
+from iop_edge.errors import ConfigError
+
+ChangeClass = Literal["live", "restart"]
+Outcome = Literal["applied", "restart_required", "rejected"]
+MODES: Final = ("dry_run", "apply")
+
+#: Provider fields that change live; every other provider field needs a restart.
+LIVE_PROVIDER_FIELDS: Final = (
+    "capacity",
+    "long_context_capacity",
+    "total_context_tokens",
+    "priority",
+    "enabled",
+)
+#: Root sections that need a restart on any change (``openai`` is diffed by entity below).
+RESTART_SECTIONS: Final = (
+    "edge",
+    "listen",
+    "bootstrap",
+    "logging",
+    "metrics",
+    "console",
+    "control_plane",
+    "a2a",
+)
+
+
+class ReportEntry(BaseModel):
+    """One changed path: its class, old and new value (secrets redacted), and whether the
+    running daemon took it."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    path: str
+    change_class: ChangeClass = Field(alias="class")
+    old: Any = None
+    new: Any = None
+    applied: bool = False
+
+
+class RefreshError(BaseModel):
+    """A problem that stopped (part of) a refresh, at its config path."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    message: str
+
+
+class RefreshResult(BaseModel):
+    """The outcome of a refresh, as the CLI and the admin API print it.
+
+    Every list is always present; ``changed_*`` are sorted by id and ``report`` by path.
+    ``config_hash`` is the hash of the config running after the refresh; ``candidate_hash``
+    the candidate's (absent when it failed to load).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: str
+    result: Outcome
+    changed_nodes: list[str] = []
+    changed_providers: list[str] = []
+    changed_models: list[str] = []
+    report: list[ReportEntry] = []
+    errors: list[RefreshError] = []
+    config_hash: str | None = None
+    candidate_hash: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form (``class`` spelled as in the SPEC)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    @property
+    def exit_code(self) -> int:
+        """0 applied (or nothing changed), 1 rejected, 3 restart required."""
+        return {"applied": 0, "rejected": 1, "restart_required": 3}[self.result]
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshOutcome:
+    """A result and the config to run after it (the old one when nothing was applied)."""
+
+    result: RefreshResult
+    running: EdgeConfig
+    candidate: EdgeConfig | None
+
+
+# --- hashing --------------------------------------------------------------------------------
+
+_SORT_KEYS: Final[Mapping[str, str]] = {
+    "models": "id",
+    "nodes": "id",
+    "adapters": "name",
+    "providers": "id",
+    "principal_tokens": "token_ref",
+    "model_routes": "model",
+}
+
+
+def _canonical(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _canonical(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        items = [_canonical(v) for v in value]
+        ident = _SORT_KEYS.get(key)
+        # Entity lists are compared by identity, so their order does not change the hash;
+        # models[].providers (whose items carry "target") keep their order: it is meaningful.
+        if ident and all(isinstance(i, dict) and "target" not in i for i in items):
+            items.sort(key=lambda item: str(item.get(ident)))
+        return items
+    return value
+
+
+def config_hash(config: EdgeConfig) -> str:
+    """SHA-256 of the effective config, stable across key order, formatting and entity order."""
+    data = _canonical(config.model_dump(mode="json", exclude_none=True))
+    return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+# --- diff -----------------------------------------------------------------------------------
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_none=True)
+    if isinstance(value, tuple):
+        return [_dump(v) for v in value]
+    return value
+
+
+@dataclass
+class _Diff:
+    entries: list[ReportEntry] = field(default_factory=list)
+    nodes: set[str] = field(default_factory=set)
+    providers: set[str] = field(default_factory=set)
+    models: set[str] = field(default_factory=set)
+
+    def add(self, path: str, cls: ChangeClass, old: Any, new: Any, key: str) -> None:
+        self.entries.append(
+            ReportEntry(path=path, change_class=cls, old=redact(old, key), new=redact(new, key))
+        )
+
+    def leaves(self, path: str, old: Any, new: Any, cls: ChangeClass, key: str = "") -> None:
+        """One entry per changed leaf of two dumped values (lists count as one leaf)."""
+        if old == new:
+            return
+        if isinstance(old, dict) and isinstance(new, dict):
+            for k in dict.fromkeys([*old, *new]):
+                # a value inside headers/env is secret whatever its own key is
+                child_key = SECRET_VALUE if key in SECRET_MAPS else k
+                self.leaves(f"{path}.{k}", old.get(k), new.get(k), cls, child_key)
+        else:
+            self.add(path, cls, old, new, key)
+
+    def entities(
+        self,
+        path: str,
+        old: Iterable[Any],
+        new: Iterable[Any],
+        ident: str,
+        cls: ChangeClass,
+    ) -> list[tuple[Any, Any]]:
+        """Diff two entity lists by identity: an added or removed entity is one entry; returns
+        the (old, new) pairs present on both sides that differ, for field-level diffs."""
+        before = {getattr(e, ident): e for e in old}
+        after = {getattr(e, ident): e for e in new}
+        changed = []
+        for key in dict.fromkeys([*before, *after]):
+            a, b = before.get(key), after.get(key)
+            if a is None or b is None:
+                self.add(f"{path}[{key}]", cls, _dump(a), _dump(b), "")
+            elif a != b:
+                changed.append((a, b))
+        return changed
+
+
+def _touched(entries: Iterable[Any], ident: str) -> set[str]:
+    return {getattr(e, ident) for e in entries}
+
+
+def classify(running: EdgeConfig, candidate: EdgeConfig) -> _Diff:
+    """Every change from ``running`` to ``candidate``, classified live or restart."""
+    diff = _Diff()
+    for name in RESTART_SECTIONS:
+        diff.leaves(name, _dump(getattr(running, name)), _dump(getattr(candidate, name)), "restart")
+    _diff_openai(diff, running, candidate)
+    diff.leaves(
+        "long_context_threshold_tokens",
+        running.long_context_threshold_tokens,
+        candidate.long_context_threshold_tokens,
+        "live",
+    )
+    diff.leaves(
+        "provider_pool", _dump(running.provider_pool), _dump(candidate.provider_pool), "live"
+    )
+
+    before = {m.id for m in running.models}
+    after = {m.id for m in candidate.models}
+    diff.models |= before ^ after
+    for old_model, new_model in diff.entities(
+        "models", running.models, candidate.models, "id", "live"
+    ):
+        diff.models.add(old_model.id)
+        diff.leaves(f"models[{old_model.id}]", _dump(old_model), _dump(new_model), "live")
+
+    old_nodes = {n.id: n for n in running.nodes}
+    new_nodes = {n.id: n for n in candidate.nodes}
+    for node_id in old_nodes.keys() ^ new_nodes.keys():
+        gone_or_new = old_nodes.get(node_id) or new_nodes[node_id]
+        diff.nodes.add(node_id)
+        diff.providers |= _touched(gone_or_new.providers, "id")
+    diff.entities("nodes", running.nodes, candidate.nodes, "id", "restart")
+    for old_node, new_node in (
+        (old_nodes[k], new_nodes[k]) for k in old_nodes.keys() & new_nodes.keys()
+    ):
+        if old_node != new_node:
+            _diff_node(diff, old_node, new_node)
+    diff.entries.sort(key=lambda e: e.path)
+    return diff
+
+
+def _diff_openai(diff: _Diff, running: EdgeConfig, candidate: EdgeConfig) -> None:
+    old, new = running.openai, candidate.openai
+    if old == new:
+        return
+    skip = {"principal_tokens", "model_routes"}
+    diff.leaves(
+        "openai",
+        old.model_dump(mode="json", exclude_none=True, exclude=skip),
+        new.model_dump(mode="json", exclude_none=True, exclude=skip),
+        "restart",
+    )
+    for a, b in diff.entities(
+        "openai.principal_tokens",
+        old.principal_tokens,
+        new.principal_tokens,
+        "token_ref",
+        "restart",
+    ):
+        diff.leaves(f"openai.principal_tokens[{a.token_ref}]", _dump(a), _dump(b), "restart")
+    for a, b in diff.entities(
+        "openai.model_routes", old.model_routes, new.model_routes, "model", "restart"
+    ):
+        diff.leaves(f"openai.model_routes[{a.model}]", _dump(a), _dump(b), "restart")
+
+
+def _diff_node(diff: _Diff, old: Node, new: Node) -> None:
+    path = f"nodes[{old.id}]"
+    diff.nodes.add(old.id)
+    scalar = {"adapters", "providers", "runtime"}
+    diff.leaves(
+        path,
+        old.model_dump(mode="json", exclude_none=True, exclude=scalar),
+        new.model_dump(mode="json", exclude_none=True, exclude=scalar),
+        "restart",
+    )
+    diff.leaves(f"{path}.runtime", _dump(old.runtime), _dump(new.runtime), "live")
+    for a, b in diff.entities(f"{path}.adapters", old.adapters, new.adapters, "name", "restart"):
+        diff.leaves(f"{path}.adapters[{a.name}]", _dump(a), _dump(b), "restart")
+    old_ids, new_ids = _touched(old.providers, "id"), _touched(new.providers, "id")
+    diff.providers |= old_ids ^ new_ids
+    for a, b in diff.entities(f"{path}.providers", old.providers, new.providers, "id", "restart"):
+        diff.providers.add(a.id)
+        a_data, b_data = _dump(a), _dump(b)
+        for key in dict.fromkeys([*a_data, *b_data]):
+            cls: ChangeClass = "live" if key in LIVE_PROVIDER_FIELDS else "restart"
+            diff.leaves(
+                f"{path}.providers[{a.id}].{key}", a_data.get(key), b_data.get(key), cls, key
+            )
+
+
+# --- apply ----------------------------------------------------------------------------------
+
+
+def apply_live(running: EdgeConfig, candidate: EdgeConfig) -> EdgeConfig:
+    """The running config with only the candidate's live changes taken over (not validated)."""
+    candidates = {n.id: n for n in candidate.nodes}
+    nodes = []
+    for node in running.nodes:
+        new_node = candidates.get(node.id)
+        if new_node is None:
+            nodes.append(node)
+            continue
+        new_providers = {p.id: p for p in new_node.providers}
+        providers = tuple(
+            p.model_copy(update={f: getattr(np, f) for f in LIVE_PROVIDER_FIELDS})
+            if (np := new_providers.get(p.id)) is not None
+            else p
+            for p in node.providers
+        )
+        nodes.append(node.model_copy(update={"runtime": new_node.runtime, "providers": providers}))
+    return running.model_copy(
+        update={
+            "long_context_threshold_tokens": candidate.long_context_threshold_tokens,
+            "provider_pool": candidate.provider_pool,
+            "models": candidate.models,
+            "nodes": tuple(nodes),
+        }
+    )
+
+
+def refresh(
+    running: EdgeConfig,
+    candidate: EdgeConfig | str,
+    *,
+    mode: str = "dry_run",
+    env: Mapping[str, str] | None = None,
+    source: str = "edge.yaml",
+) -> RefreshOutcome:
+    """Classify ``candidate`` (an effective config, or YAML text) against ``running``.
+
+    ``dry_run`` reports what would happen and applies nothing (every ``applied`` is false);
+    ``apply`` returns, as :attr:`RefreshOutcome.running`, the config to run from now on — the old
+    config plus its live changes, when that combination is valid.
+    """
+    running_hash = config_hash(running)
+    if mode not in MODES:
+        error = RefreshError(
+            path="mode", message=f"{mode!r} is not a refresh mode; use dry_run or apply"
+        )
+        return _rejected(running, mode, [error], running_hash)
+    if isinstance(candidate, str):
+        try:
+            candidate = load_config(candidate, env=env, source=source)
+        except ConfigError as exc:
+            problems = [RefreshError(path=p.path, message=p.message) for p in exc.problems]
+            return _rejected(running, mode, problems, running_hash)
+
+    diff = classify(running, candidate)
+    restart = any(e.change_class == "restart" for e in diff.entries)
+    live = [e for e in diff.entries if e.change_class == "live"]
+    errors: list[RefreshError] = []
+    merged = running
+    if live:
+        try:
+            merged = validate_config(apply_live(running, candidate))
+        except ConfigError as exc:
+            merged = running
+            errors = [
+                RefreshError(
+                    path=p.path,
+                    message=f"{p.message} — the running config with only the live changes "
+                    "would be invalid, so no live change was applied; restart to apply the "
+                    "candidate whole",
+                )
+                for p in exc.problems
+            ]
+    applied = mode == "apply" and not errors
+    report = [
+        e.model_copy(update={"applied": applied and e.change_class == "live"}) for e in diff.entries
+    ]
+    after = merged if applied else running
+    result = RefreshResult(
+        mode=mode,
+        result="restart_required" if restart else "applied",
+        changed_nodes=sorted(diff.nodes),
+        changed_providers=sorted(diff.providers),
+        changed_models=sorted(diff.models),
+        report=report,
+        errors=errors,
+        config_hash=config_hash(after) if after is not running else running_hash,
+        candidate_hash=config_hash(candidate),
+    )
+    return RefreshOutcome(result=result, running=after, candidate=candidate)
+
+
+def _rejected(
+    running: EdgeConfig, mode: str, errors: list[RefreshError], running_hash: str
+) -> RefreshOutcome:
+    result = RefreshResult(mode=mode, result="rejected", errors=errors, config_hash=running_hash)
+    return RefreshOutcome(result=result, running=running, candidate=None)
