@@ -1,0 +1,94 @@
+"""The admission policy: what the scheduler is told about providers, model groups and the queue.
+
+A :class:`PoolPolicy` is the live part of the config as the scheduler sees it. The config layer
+builds it (defaults already applied, ``max_queue`` already normalized) and hands it to
+:meth:`iop_edge.pool.PoolScheduler.apply_policy` on every live refresh. Both dataclasses check
+their own bounds, so a policy that exists is one the scheduler can run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+ProviderKey = tuple[str, str]
+"""A provider resource: ``(node_id, provider_id)``. Slots belong to this key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderPolicy:
+    """The scheduling policy of one provider resource ``node_id + provider_id``.
+
+    ``capacity`` is the number of concurrent requests it takes; ``long_context_capacity`` how many
+    of those may be long-context (a long-context request takes a long slot *and* a general one).
+    A lower ``priority`` number is preferred. A disabled provider is never a dispatch candidate.
+    """
+
+    node_id: str
+    provider_id: str
+    capacity: int
+    long_context_capacity: int
+    priority: int
+    enabled: bool
+
+    def __post_init__(self) -> None:
+        where = f"provider {self.node_id}/{self.provider_id}"
+        if self.capacity < 1:
+            raise ValueError(f"{where}: capacity {self.capacity} is below 1")
+        if not 0 <= self.long_context_capacity <= self.capacity:
+            raise ValueError(
+                f"{where}: long_context_capacity {self.long_context_capacity} is outside "
+                f"0..capacity ({self.capacity})"
+            )
+        if self.priority < 0:
+            raise ValueError(f"{where}: priority {self.priority} is negative")
+
+    @property
+    def key(self) -> ProviderKey:
+        """The resource key ``(node_id, provider_id)``."""
+        return (self.node_id, self.provider_id)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPolicy:
+    """The whole admission policy of the edge.
+
+    ``max_queue`` caps every pending request of the edge together (already normalized, >= 1);
+    ``queue_timeout_ms`` is each pending request's maximum wait (0 = no timeout). ``providers``
+    lists every provider in config order; ``groups`` maps each model group id to the keys of its
+    providers in config order. ``groups`` is frozen into a read-only mapping on construction.
+    """
+
+    max_queue: int
+    queue_timeout_ms: int
+    providers: tuple[ProviderPolicy, ...]
+    groups: Mapping[str, tuple[ProviderKey, ...]]
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 1:
+            raise ValueError(f"max_queue {self.max_queue} is below 1")
+        if self.queue_timeout_ms < 0:
+            raise ValueError(f"queue_timeout_ms {self.queue_timeout_ms} is negative")
+        known: set[ProviderKey] = set()
+        for provider in self.providers:
+            if provider.key in known:
+                raise ValueError(f"provider {'/'.join(provider.key)} is listed twice")
+            known.add(provider.key)
+        groups = {group_id: tuple(keys) for group_id, keys in self.groups.items()}
+        for group_id, keys in groups.items():
+            if len(set(keys)) != len(keys):
+                raise ValueError(f"model group {group_id!r} lists a provider twice: {keys!r}")
+            for key in keys:
+                if key not in known:
+                    raise ValueError(
+                        f"model group {group_id!r} references provider {'/'.join(key)}, "
+                        "which is not in the policy"
+                    )
+        # Frozen all the way down: a caller mutating its dict later cannot change a running policy.
+        object.__setattr__(self, "groups", MappingProxyType(groups))
+
+    @property
+    def queue_timeout_s(self) -> float | None:
+        """The queue timeout in seconds, or ``None`` when pending requests never time out."""
+        return self.queue_timeout_ms / 1000.0 if self.queue_timeout_ms else None

@@ -1,0 +1,373 @@
+"""The admission scheduler as a sans-IO state machine (SPEC §5, live swaps of SPEC §4).
+
+:class:`PoolScheduler` is synchronous and never reads a clock: every method takes ``now``
+(monotonic seconds), changes state and returns the :data:`Decision` list for the shell to act on.
+
+Data structures, chosen so that no operation costs O(pending requests):
+
+- per model group two FIFO :class:`RequestQueue` (general, long-context), with a global
+  sequence number (``request_id``) to compare their heads, and lazy removal;
+- per model group two candidate heaps (see :mod:`iop_edge.pool.slots`);
+- one heap of deadlines, lazily skipping requests that already left.
+
+Invariant (work conservation): no pending request has a free slot it could use. So a new request
+whose (group, kind) queue is non-empty queues without looking for a slot, and a freed slot on P
+only has to be offered to the heads of the queues of P's groups. A slot goes to the oldest of
+those heads that P can serve.
+
+Deadline boundary: a request's deadline is ``submitted_at + queue_timeout_ms / 1000``; at
+``now >= deadline`` it is expired, never dispatched. Each method expires what is due at ``now``
+before it dispatches anything (``apply_policy`` first fails the requests the new policy cannot
+serve at all: for them ``config_change`` wins over ``queue_timeout``).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from iop_edge.pool.deadlines import DeadlineHeap
+from iop_edge.pool.policy import PoolPolicy, ProviderKey
+from iop_edge.pool.requests import (
+    Decision,
+    Dispatch,
+    PendingRequest,
+    Rejection,
+    RejectReason,
+    RequestQueue,
+    RequestState,
+    SlotLease,
+    Submission,
+)
+from iop_edge.pool.slots import Membership, ModelGroup, ProviderSlot
+from iop_edge.pool.statistics import REJECTION_COUNTERS, PoolStatistics, provider_statistics
+
+
+class PoolScheduler:
+    """Admits requests onto provider slots, queues the rest, and swaps its policy live.
+
+    Candidates of a request are the enabled providers of its model group with a free slot of
+    the needed kind; the lowest ``in_flight`` wins, then the lowest ``priority`` number, then
+    the least recently chosen by that group. Without a free candidate the request queues if
+    fewer than ``max_queue`` are pending; a freed slot goes to the oldest pending request its
+    provider can serve.
+    """
+
+    def __init__(self, policy: PoolPolicy) -> None:
+        self._policy = policy
+        self._max_queue = policy.max_queue
+        self._timeout = policy.queue_timeout_s
+        self._slots: dict[ProviderKey, ProviderSlot] = {}
+        self._retired: dict[ProviderKey, ProviderSlot] = {}
+        self._groups: dict[str, ModelGroup] = {}
+        self._deadlines = DeadlineHeap()
+        self._pending = 0
+        self._last_id = 0
+        self._submitted = 0
+        self._admitted = 0
+        self._released = 0
+        self._double_releases = 0
+        self._rejected = dict.fromkeys(REJECTION_COUNTERS, 0)
+        self._install(policy)
+
+    @property
+    def policy(self) -> PoolPolicy:
+        """The policy in force."""
+        return self._policy
+
+    @property
+    def queue_depth(self) -> int:
+        """How many requests are pending."""
+        return self._pending
+
+    # -- operations -------------------------------------------------------------------------
+
+    def submit(self, group_id: str, *, long_context: bool = False, now: float) -> Submission:
+        """Submit a request for model group ``group_id``: dispatch it, queue it or refuse it.
+
+        Refusals: unknown group → ``model_not_found``; no enabled provider →
+        ``no_available_provider``; no free candidate and ``max_queue`` pending →
+        ``queue_full``. A queued request gets ``deadline = now + queue_timeout``.
+        """
+        decisions = self._expire_due(now)
+        self._last_id += 1
+        request = PendingRequest(self._last_id, group_id, long_context, now)
+        self._submitted += 1
+        group = self._groups.get(group_id)
+        if group is None:
+            decisions.append(
+                self._reject(
+                    request,
+                    RejectReason.MODEL_NOT_FOUND,
+                    f"model group {group_id!r} does not exist",
+                )
+            )
+        elif not group.members:
+            decisions.append(
+                self._reject(
+                    request,
+                    RejectReason.NO_AVAILABLE_PROVIDER,
+                    f"model group {group_id!r} has no enabled provider",
+                )
+            )
+        else:
+            queue = group.queues[long_context]
+            # Work conservation: a non-empty queue of this kind means no slot is free for it.
+            membership = None if queue.live else group.best_candidate(long_context)
+            if membership is not None:
+                decisions.append(self._dispatch(request, membership, now))
+            elif self._pending >= self._max_queue:
+                decisions.append(
+                    self._reject(
+                        request,
+                        RejectReason.QUEUE_FULL,
+                        f"the admission queue is full: {self._pending} requests pending, "
+                        f"max_queue is {self._max_queue}",
+                    )
+                )
+            else:
+                queue.push(request)
+                self._pending += 1
+                if self._timeout is not None:
+                    request.deadline = now + self._timeout
+                    self._deadlines.push(request, self._pending)
+        return Submission(request, decisions)
+
+    def release(self, lease: SlotLease, now: float) -> list[Decision]:
+        """Release ``lease`` and hand its slot to the oldest pending request that can use it.
+
+        Releasing twice is a no-op counted in ``double_releases``. A lease on a provider that a
+        policy swap removed or disabled is released into the right counts and frees nothing.
+        """
+        if lease.owner is not self:
+            raise ValueError(f"{lease!r} was not granted by this scheduler")
+        if lease.released:
+            self._double_releases += 1
+            return []
+        decisions = self._expire_due(now)
+        lease.released = True
+        self._released += 1
+        slot = lease.slot
+        slot.in_flight -= 1
+        if lease.long_context:
+            slot.long_in_flight -= 1
+        if not slot.in_policy:
+            if slot.in_flight == 0:
+                self._retired.pop(slot.key, None)
+            return decisions
+        if not (self._pending and self._refill(slot, now, decisions)):
+            slot.changed()
+        return decisions
+
+    def cancel(self, request: PendingRequest, now: float) -> list[Decision]:
+        """The client of ``request`` went away: drop it from the queue (``client_gone``).
+
+        A request that is no longer pending is left alone (its lease, if any, must still be
+        released by its holder).
+        """
+        queue = request.queue
+        group = self._groups.get(request.group_id)
+        if queue is not None and (group is None or queue not in group.queues):
+            raise ValueError(f"{request!r} is not pending in this scheduler")
+        decisions = self._expire_due(now)
+        if request.queue is not None:
+            decisions.append(
+                self._reject(
+                    request,
+                    RejectReason.CLIENT_GONE,
+                    "the client went away while the request waited in the admission queue",
+                )
+            )
+        return decisions
+
+    def expire(self, now: float) -> list[Decision]:
+        """Expire every pending request whose deadline is at or before ``now``."""
+        return self._expire_due(now)
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a pending request, or ``None``: when to call :meth:`expire`."""
+        return self._deadlines.soonest()
+
+    def apply_policy(self, policy: PoolPolicy, now: float) -> list[Decision]:
+        """Swap in ``policy`` live (SPEC §4) and re-evaluate every pending request at once.
+
+        Leases are kept. Pending requests of a removed group fail ``model_not_found``, those of
+        a group left without an enabled provider ``no_available_provider`` (both counted as
+        ``config_change``). Deadlines are recomputed from each request's submit time (0 removes
+        them) and what is due expires. Then every slot the new policy frees is dispatched to the
+        pending requests, oldest first. A lower ``max_queue`` evicts nothing; a capacity below
+        ``in_flight`` cancels nothing.
+        """
+        old_groups = self._groups
+        old_timeout = self._timeout
+        self._install(policy)
+        decisions: list[Decision] = []
+        dropped: list[tuple[PendingRequest, RejectReason, str]] = []
+        for group_id, old in old_groups.items():
+            new = self._groups.get(group_id)
+            if new is not None and new.members:
+                continue
+            if new is None:
+                reason = RejectReason.MODEL_NOT_FOUND
+                message = f"model group {group_id!r} was removed by a config change"
+            else:
+                reason = RejectReason.NO_AVAILABLE_PROVIDER
+                message = f"model group {group_id!r} lost its last enabled provider"
+            for queue in old.queues:
+                dropped.extend((request, reason, message) for request in queue)
+        dropped.sort(key=lambda item: item[0].request_id)
+        for request, reason, message in dropped:
+            decisions.append(self._reject(request, reason, message, config_change=True))
+        if self._timeout != old_timeout:
+            timeout = self._timeout
+            pending = [r for group in self._groups.values() for q in group.queues for r in q]
+            for request in pending:
+                request.deadline = None if timeout is None else request.submitted_at + timeout
+            self._deadlines.rebuild(pending)
+        decisions.extend(self._expire_due(now))
+        if self._pending:
+            self._dispatch_all(now, decisions)
+        return decisions
+
+    def statistics(self) -> PoolStatistics:
+        """A frozen snapshot: queue depth, every provider's slots, and the counters."""
+        providers = [provider_statistics(slot) for slot in self._slots.values()]
+        providers.extend(provider_statistics(slot) for slot in self._retired.values())
+        return PoolStatistics(
+            queue_depth=self._pending,
+            max_queue=self._max_queue,
+            queue_timeout_ms=self._policy.queue_timeout_ms,
+            providers=tuple(providers),
+            submitted=self._submitted,
+            admitted=self._admitted,
+            rejected=MappingProxyType(dict(self._rejected)),
+            released=self._released,
+            double_releases=self._double_releases,
+        )
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _install(self, policy: PoolPolicy) -> None:
+        """Build slots and groups for ``policy``, keeping counts, queues and rotations."""
+        old_groups = self._groups
+        slots: dict[ProviderKey, ProviderSlot] = {}
+        for provider in policy.providers:
+            slot = self._slots.pop(provider.key, None) or self._retired.pop(provider.key, None)
+            if slot is None:
+                slot = ProviderSlot(provider)
+            else:
+                slot.update(provider)
+                slot.memberships = []
+            slots[provider.key] = slot
+        for slot in self._slots.values():
+            slot.retire()
+            if slot.in_flight:
+                self._retired[slot.key] = slot
+        self._slots = slots
+        groups: dict[str, ModelGroup] = {}
+        for group_id, keys in policy.groups.items():
+            old = old_groups.get(group_id)
+            if old is None:
+                group = ModelGroup(group_id, (RequestQueue(), RequestQueue()))
+                stamps: dict[ProviderKey, int] = {}
+            else:
+                group = ModelGroup(group_id, old.queues, old.tick, old.fresh)
+                stamps = {m.slot.key: m.stamp for m in old.members}
+            for key in keys:
+                slot = slots[key]
+                if slot.enabled:
+                    group.add_member(slot, stamps.get(key))
+            groups[group_id] = group
+        self._groups = groups
+        self._policy = policy
+        self._max_queue = policy.max_queue
+        self._timeout = policy.queue_timeout_s
+
+    def _dispatch(self, request: PendingRequest, membership: Membership, now: float) -> Dispatch:
+        """Give ``request`` a slot on ``membership``'s provider (the caller checked it is free)."""
+        if request.queue is not None:
+            request.queue.discard(request)
+            self._pending -= 1
+        slot = membership.slot
+        membership.group.choose(membership)
+        slot.in_flight += 1
+        if request.long_context:
+            slot.long_in_flight += 1
+        slot.changed()
+        lease = SlotLease(self, request, slot, now)
+        request.state = RequestState.DISPATCHED
+        request.lease = lease
+        self._admitted += 1
+        return Dispatch(request, lease)
+
+    def _reject(
+        self,
+        request: PendingRequest,
+        reason: RejectReason,
+        message: str,
+        *,
+        config_change: bool = False,
+    ) -> Rejection:
+        if request.queue is not None:
+            request.queue.discard(request)
+            self._pending -= 1
+        rejection = Rejection(request, reason, message, config_change)
+        request.state = RequestState.REJECTED
+        request.rejection = rejection
+        self._rejected["config_change" if config_change else reason.value] += 1
+        return rejection
+
+    def _refill(self, slot: ProviderSlot, now: float, decisions: list[Decision]) -> bool:
+        """Give ``slot``'s free capacity to the oldest pending requests it can serve.
+
+        Returns whether anything was dispatched. Cost: the heads of P's groups' queues.
+        """
+        dispatched = False
+        while slot.enabled and slot.in_flight < slot.capacity:
+            long_free = slot.long_in_flight < slot.long_capacity
+            oldest: PendingRequest | None = None
+            chosen: Membership | None = None
+            for membership in slot.memberships:
+                general, long_queue = membership.group.queues
+                if general.live:
+                    head = general.head()
+                    if head is not None and (oldest is None or head.request_id < oldest.request_id):
+                        oldest, chosen = head, membership
+                if long_free and long_queue.live:
+                    head = long_queue.head()
+                    if head is not None and (oldest is None or head.request_id < oldest.request_id):
+                        oldest, chosen = head, membership
+            if oldest is None or chosen is None:
+                break
+            decisions.append(self._dispatch(oldest, chosen, now))
+            dispatched = True
+        return dispatched
+
+    def _dispatch_all(self, now: float, decisions: list[Decision]) -> None:
+        """Dispatch every pending request that has a free candidate, oldest first (O(Q log Q))."""
+        pending = [r for group in self._groups.values() for q in group.queues for r in q]
+        pending.sort(key=lambda request: request.request_id)
+        exhausted: set[tuple[str, bool]] = set()
+        for request in pending:
+            kind = (request.group_id, request.long_context)
+            if kind in exhausted:
+                continue
+            membership = self._groups[request.group_id].best_candidate(request.long_context)
+            if membership is None:
+                # Free slots only shrink during this pass: later requests of this kind wait too.
+                exhausted.add(kind)
+            else:
+                decisions.append(self._dispatch(request, membership, now))
+
+    def _expire_due(self, now: float) -> list[Decision]:
+        if not self._deadlines.is_due(now):
+            return []
+        timeout_ms = self._policy.queue_timeout_ms
+        return [
+            self._reject(
+                request,
+                RejectReason.QUEUE_TIMEOUT,
+                f"the request waited {now - request.submitted_at:.3f} s in the admission "
+                f"queue, past queue_timeout_ms {timeout_ms}",
+            )
+            for request in self._deadlines.due(now)
+        ]

@@ -1,0 +1,166 @@
+"""The scheduler's mutable bookkeeping: provider slots, model groups and their candidate indexes.
+
+Internal to :mod:`iop_edge.pool`; the public view of it is :meth:`PoolScheduler.statistics`.
+
+Choosing a candidate must not cost a scan of the group, so each :class:`ModelGroup` keeps two
+lazy heaps (general, long) of its members that have a free slot of that kind, keyed by the
+selection order of SPEC §5: ``(in_flight, priority, rotation stamp)``. The rotation stamp is the
+group's tick when it last chose that member (never-chosen members keep config order), so among
+equals the least recently chosen member wins: round-robin per model group, stable and fair.
+Every change to a provider bumps the version of its memberships and re-offers them; heap entries
+with an old version are dropped when they surface.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from iop_edge.pool.policy import ProviderKey, ProviderPolicy
+from iop_edge.pool.requests import RequestQueue
+
+HeapEntry = tuple[int, int, int, int, "Membership"]
+
+
+class ProviderSlot:
+    """The live slot counts of one provider resource and its current policy.
+
+    A slot record outlives its provider's removal from the policy while leases still hold it
+    (``in_policy`` false), so those leases release into the right counters.
+    """
+
+    __slots__ = (
+        "capacity",
+        "enabled",
+        "in_flight",
+        "in_policy",
+        "key",
+        "long_capacity",
+        "long_in_flight",
+        "memberships",
+        "priority",
+    )
+
+    def __init__(self, policy: ProviderPolicy) -> None:
+        self.key: ProviderKey = policy.key
+        self.in_flight = 0
+        self.long_in_flight = 0
+        self.memberships: list[Membership] = []
+        self.capacity = policy.capacity
+        self.long_capacity = policy.long_context_capacity
+        self.priority = policy.priority
+        self.enabled = policy.enabled
+        self.in_policy = True
+
+    def update(self, policy: ProviderPolicy) -> None:
+        """Take the new policy of this provider; the counts are kept."""
+        self.capacity = policy.capacity
+        self.long_capacity = policy.long_context_capacity
+        self.priority = policy.priority
+        self.enabled = policy.enabled
+        self.in_policy = True
+
+    def retire(self) -> None:
+        """The provider left the policy: it is no candidate any more, its leases still count."""
+        self.enabled = False
+        self.in_policy = False
+        self.memberships = []
+
+    def can_serve(self, long_context: bool) -> bool:
+        """Whether a request of that kind could take a slot here now."""
+        return (
+            self.enabled
+            and self.in_flight < self.capacity
+            and (not long_context or self.long_in_flight < self.long_capacity)
+        )
+
+    def changed(self) -> None:
+        """Re-offer this provider to its groups after its counts or policy changed."""
+        for membership in self.memberships:
+            membership.version += 1
+            membership.group.offer(membership)
+
+
+class Membership:
+    """One provider's place in one model group: its rotation stamp and index version."""
+
+    __slots__ = ("group", "slot", "stamp", "version")
+
+    def __init__(self, group: ModelGroup, slot: ProviderSlot, stamp: int) -> None:
+        self.group = group
+        self.slot = slot
+        self.stamp = stamp
+        self.version = 0
+
+
+class ModelGroup:
+    """A model group: its enabled members, their candidate heaps, and its two pending queues.
+
+    ``queues[False]`` holds general requests, ``queues[True]`` long-context ones. The queues
+    and the rotation counters survive policy swaps (they move to the group's new record), so
+    rotation stamps stay unique within a group: chosen members get ``tick`` values (>= 0), new
+    members ``fresh`` ones (far below 0, increasing), which puts them first among equals.
+    """
+
+    __slots__ = ("fresh", "group_id", "heaps", "members", "queues", "tick")
+
+    def __init__(
+        self,
+        group_id: str,
+        queues: tuple[RequestQueue, RequestQueue],
+        tick: int = 0,
+        fresh: int = -(1 << 62),
+    ) -> None:
+        self.group_id = group_id
+        self.members: list[Membership] = []
+        self.heaps: tuple[list[HeapEntry], list[HeapEntry]] = ([], [])
+        self.queues = queues
+        self.tick = tick
+        self.fresh = fresh
+
+    def add_member(self, slot: ProviderSlot, stamp: int | None) -> None:
+        """Add an enabled provider; ``stamp`` carries its rotation place over a policy swap."""
+        if stamp is None:
+            # New here: before every chosen member, and in config order among the new ones.
+            stamp = self.fresh
+            self.fresh += 1
+        membership = Membership(self, slot, stamp)
+        self.members.append(membership)
+        slot.memberships.append(membership)
+        self.offer(membership)
+
+    def offer(self, membership: Membership) -> None:
+        """Index ``membership`` under its current counts, in each heap whose slot kind is free."""
+        slot = membership.slot
+        if not slot.enabled or slot.in_flight >= slot.capacity:
+            return
+        entry = (slot.in_flight, slot.priority, membership.stamp, membership.version, membership)
+        heaps = self.heaps
+        self._push(heaps[0], entry)
+        if slot.long_in_flight < slot.long_capacity:
+            self._push(heaps[1], entry)
+
+    def _push(self, heap: list[HeapEntry], entry: HeapEntry) -> None:
+        heapq.heappush(heap, entry)
+        if len(heap) > 2 * len(self.members) + 16:
+            # Stale entries pile up under churn: keep only the current ones (amortized O(1)).
+            live = [e for e in heap if e[3] == e[4].version]
+            heapq.heapify(live)
+            heap[:] = live
+
+    def best_candidate(self, long_context: bool) -> Membership | None:
+        """The member a new request of that kind goes to, or ``None`` if no slot is free.
+
+        Lowest ``in_flight``, then lowest ``priority`` number, then least recently chosen.
+        """
+        heap = self.heaps[long_context]
+        while heap:
+            entry = heap[0]
+            if entry[3] == entry[4].version:
+                return entry[4]
+            heapq.heappop(heap)
+        return None
+
+    def choose(self, membership: Membership) -> None:
+        """Record that this group just gave ``membership`` a request (advances the rotation)."""
+        membership.stamp = self.tick
+        self.tick += 1

@@ -1,0 +1,120 @@
+"""Frozen snapshots of the scheduler's state, read by the admin status API and by metrics.
+
+A snapshot costs O(providers) and never walks the queue, so a Prometheus collector can take one
+at every scrape; the counters live only in the scheduler (no count is kept twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from iop_edge.pool.slots import ProviderSlot
+
+REJECTION_COUNTERS: tuple[str, ...] = (
+    "queue_full",
+    "queue_timeout",
+    "no_available_provider",
+    "model_not_found",
+    "config_change",
+    "client_gone",
+)
+"""The keys of :attr:`PoolStatistics.rejected`, in a stable order.
+
+Every rejected request is counted under exactly one key: ``config_change`` for a pending request
+dropped by a live policy swap (its error reason is still ``model_not_found`` or
+``no_available_provider``), otherwise its reason. ``model_not_found`` and
+``no_available_provider`` therefore count only refusals at submit time.
+"""
+
+STATUS_ACTIVE = "active"
+"""Provider status of an enabled provider of the policy."""
+STATUS_DISABLED = "disabled"
+"""Provider status (and health) of a provider disabled by the policy."""
+STATUS_REMOVED = "removed"
+"""Provider status of a provider gone from the policy whose leases are still held."""
+HEALTH_UNKNOWN = "unknown"
+"""Health of an enabled provider: the scheduler does no health checks; a checker may refine it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderStatistics:
+    """One provider's slots as the status API shows them.
+
+    Enabled: ``status="active"``, ``health="unknown"``, the policy's capacities. Disabled:
+    ``status="disabled"``, ``health="disabled"``, ``capacity=0`` and ``long_context_capacity=0``.
+    Removed from the policy but still leased: ``status="removed"``, ``health="disabled"``,
+    capacities 0, listed after the policy's providers until its last lease is released.
+    ``in_flight`` counts every held lease (long ones included); ``long_in_flight`` the long ones.
+    """
+
+    node_id: str
+    provider_id: str
+    status: str
+    health: str
+    enabled: bool
+    capacity: int
+    long_context_capacity: int
+    in_flight: int
+    long_in_flight: int
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """A frozen snapshot of the scheduler.
+
+    ``queue_depth`` is the number of pending requests. Counters since start:
+    ``submitted`` = ``admitted`` + sum(``rejected``) + ``queue_depth`` always holds;
+    ``released`` counts first releases, ``double_releases`` the ignored repeats.
+    """
+
+    queue_depth: int
+    max_queue: int
+    queue_timeout_ms: int
+    providers: tuple[ProviderStatistics, ...]
+    submitted: int
+    admitted: int
+    rejected: Mapping[str, int]
+    released: int
+    double_releases: int
+
+    @property
+    def expired(self) -> int:
+        """Pending requests that waited past their deadline (``rejected["queue_timeout"]``)."""
+        return self.rejected["queue_timeout"]
+
+    @property
+    def rejected_total(self) -> int:
+        """Every rejected request, whatever the reason."""
+        return sum(self.rejected.values())
+
+    @property
+    def in_flight(self) -> int:
+        """Leases currently held, over every provider."""
+        return sum(p.in_flight for p in self.providers)
+
+
+def provider_statistics(slot: ProviderSlot) -> ProviderStatistics:
+    """The status view of one provider slot record (see :class:`ProviderStatistics`)."""
+    node_id, provider_id = slot.key
+    if slot.enabled:
+        status, health = STATUS_ACTIVE, HEALTH_UNKNOWN
+        capacity, long_capacity = slot.capacity, slot.long_capacity
+    else:
+        status = STATUS_DISABLED if slot.in_policy else STATUS_REMOVED
+        health, capacity, long_capacity = STATUS_DISABLED, 0, 0
+    return ProviderStatistics(
+        node_id=node_id,
+        provider_id=provider_id,
+        status=status,
+        health=health,
+        enabled=slot.enabled,
+        capacity=capacity,
+        long_context_capacity=long_capacity,
+        in_flight=slot.in_flight,
+        long_in_flight=slot.long_in_flight,
+        priority=slot.priority,
+    )
