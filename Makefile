@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/iop-edge config show $(CONFIG)
+	$(BIN)/iop-edge serve --config $(CONFIG)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

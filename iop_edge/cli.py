@@ -180,6 +180,27 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``iop-edge serve --config FILE``: run the daemon until SIGTERM/SIGINT."""
+    try:
+        config = read_config(args.config)
+    except ConfigError as exc:
+        print(f"iop-edge serve: the config {args.config} is not valid:", file=sys.stderr)
+        _print_problems(exc, False)
+        return EXIT_INVALID
+    from iop_edge.daemon import Daemon
+    from iop_edge.logs import configure_logging
+
+    configure_logging(config.logging.level, config.logging.format)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        import asyncio
+
+        return asyncio.run(Daemon(config).run())
+    return uvloop.run(Daemon(config).run())
+
+
 def cmd_token_new(args: argparse.Namespace) -> int:
     """``iop-edge token new``: print a new token once, and its config entry with the hash."""
     token = new_token()
@@ -214,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="iop-edge", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"iop-edge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    serve = sub.add_parser("serve", help="run the daemon")
+    serve.add_argument("--config", default=default_config_path())
+    serve.set_defaults(func=cmd_serve)
 
     config = sub.add_parser("config", help="validate, show and compare configs")
     config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=_Parser)

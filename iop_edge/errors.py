@@ -6,7 +6,8 @@ Every error the daemon raises on purpose derives from :class:`IopEdgeError`::
     ├── ConfigError          a config that cannot be loaded or is invalid (carries every problem)
     ├── AdmissionError       the scheduler refused or dropped a request (carries a reason code)
     ├── AdapterError         an upstream call failed (upstream_error / upstream_timeout)
-    └── AuthError            a request without a valid principal or provider credential
+    ├── AuthError            a request without a valid principal or provider credential
+    └── RequestError         a client request that is malformed, too large or names no model
 
 Third-party exceptions are mapped to these once, at the boundary where they occur, with
 ``raise ... from exc`` so the original stays in the traceback.
@@ -68,4 +69,18 @@ class AuthError(IopEdgeError):
 
     def __init__(self, code: str, message: str) -> None:
         self.code = code
+        super().__init__(message)
+
+
+class RequestError(IopEdgeError):
+    """A client request the edge refuses before admission.
+
+    ``code`` is ``invalid_request_error``, ``model_not_found``, ``context_length_exceeded`` or
+    ``request_too_large``; ``param`` names the offending field when there is one.
+    """
+
+    def __init__(self, code: str, message: str, *, status: int = 400, param: str | None = None):
+        self.code = code
+        self.status = status
+        self.param = param
         super().__init__(message)

@@ -162,7 +162,21 @@ class _Checker:
                 f"'cli' needs an enabled cli adapter, but adapter {adapter.name!r} is "
                 f"{adapter.type!r}",
             )
+        if provider.enabled:
+            self.reachable(path, adapter, provider)
         return provider.model_copy(update={"adapter": adapter.name})
+
+    def reachable(self, path: str, adapter: Adapter, provider: Provider | None = None) -> None:
+        """An upstream needs a way to reach it: ``base_url`` for HTTP adapters, ``command``
+        for cli — on the provider (provider-first) or on its adapter instance."""
+        needed = "command" if adapter.type == "cli" else "base_url"
+        if (provider is not None and getattr(provider, needed)) or getattr(adapter, needed):
+            return
+        where = f"nor on adapter {adapter.name!r}" if provider is not None else "on this adapter"
+        self.problem(
+            f"{path}.{needed}",
+            f"is not set here {where}; {adapter.type} upstreams need {needed}",
+        )
 
     def resolve_adapter(
         self, node: Node, provider: Provider, path: str, *, report: bool
@@ -361,6 +375,8 @@ class _Checker:
                 self.problem(
                     f"{path}.adapter", f"{route.adapter!r} is disabled in nodes[{node.id}]"
                 )
+            else:
+                self.reachable(f"nodes[{node.id}].adapters[{adapter.name}]", adapter)
             routes.append(route.model_copy(update={"node": node.id}))
         return tuple(routes)
 

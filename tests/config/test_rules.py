@@ -597,3 +597,21 @@ def test_nothing_to_serve_is_an_error():
     doc = base_doc()
     doc["models"] = []
     assert "nothing to serve" in problem_at(doc, "models")
+
+
+def test_an_enabled_provider_needs_a_base_url_or_command_on_itself_or_its_adapter():
+    doc = base_doc()
+    del node(doc)["adapters"][0]["base_url"]
+    assert problem_at(doc, "nodes[gpu-1].providers[vllm-a].base_url") == (
+        "is not set here nor on adapter 'vllm-main'; openai_compat upstreams need base_url"
+    )
+    provider(doc)["base_url"] = "http://127.0.0.1:8000/v1"  # provider-first fills it
+    load(doc)
+    doc = base_doc()
+    del node(doc)["adapters"][2]["command"]
+    node(doc)["providers"].append(
+        {"id": "echo", "type": "cli", "category": "cli", "adapter": "shell", "models": ["chat"]}
+    )
+    assert "cli upstreams need command" in problem_at(doc, "nodes[gpu-1].providers[echo].command")
+    node(doc)["providers"][-1]["enabled"] = False  # structural checks only
+    load(doc)

@@ -1,0 +1,35 @@
+"""The upstream adapters (SPEC §7): ``openai_compat`` passthrough, ``ollama`` and ``cli``
+normalized, all built from a node's :class:`~iop_edge.config.payload.NodeConfigPayload`.
+
+The seam the HTTP layer uses is in :mod:`iop_edge.adapters.base` and re-exported here::
+
+    adapters = AdapterSet.from_payload(node_payload(config, "gpu-1"))
+    executor = adapters.for_provider("vllm-a")
+    result = await executor.open_stream(call)       # UpstreamStream | UpstreamReply
+    ...
+    await adapters.aclose()
+"""
+
+from iop_edge.adapters.base import (
+    DEFAULT_REQUEST_TIMEOUT_MS,
+    AdapterSet,
+    Endpoint,
+    Executor,
+    UnsupportedRequestError,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+    Usage,
+)
+
+__all__ = [
+    "DEFAULT_REQUEST_TIMEOUT_MS",
+    "AdapterSet",
+    "Endpoint",
+    "Executor",
+    "UnsupportedRequestError",
+    "UpstreamCall",
+    "UpstreamReply",
+    "UpstreamStream",
+    "Usage",
+]

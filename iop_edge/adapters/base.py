@@ -1,0 +1,236 @@
+"""The adapter seam: what the HTTP layer hands an upstream, what it gets back, and the set of
+executors of one node (SPEC §7).
+
+An :class:`Executor` runs one :class:`UpstreamCall` on a provider (or a model route) and returns
+an :class:`UpstreamReply` (non-streaming, or an upstream error status) or an
+:class:`UpstreamStream` (complete OpenAI SSE frames). Every executor speaks OpenAI on its
+output side whatever the upstream speaks: ``openai_compat`` relays, ``ollama`` and ``cli``
+normalize.
+
+Failure contract, the same for every adapter:
+
+- before a response starts (connection refused, DNS, timeout, malformed upstream reply, CLI
+  spawn failure or non-zero exit): :class:`~iop_edge.errors.AdapterError` with code
+  ``upstream_error`` (status 502) or ``upstream_timeout`` (504), raised by ``complete`` /
+  ``open_stream``;
+- after a stream started (reset, stall, malformed frame, an error reported in the stream, CLI
+  crash): the same :class:`~iop_edge.errors.AdapterError` raised out of
+  :attr:`UpstreamStream.frames` — the caller renders it for the client;
+- an upstream's own HTTP error status is not an exception: it comes back as an
+  :class:`UpstreamReply` with that status and an OpenAI error envelope;
+- an endpoint the adapter cannot serve (``completions`` on ``ollama`` / ``cli``):
+  :class:`UnsupportedRequestError`, status 400, code ``invalid_request_error``, raised before
+  any I/O (check :attr:`Executor.endpoints` to refuse earlier).
+
+``request_timeout_ms`` (merged execution field, :data:`DEFAULT_REQUEST_TIMEOUT_MS` when unset)
+is one deadline for the whole exchange, from the call to the last frame: a stall between frames
+hits it too. Cancelling the awaiting task (client gone) aborts the upstream HTTP request or
+kills the CLI process group; :meth:`UpstreamStream.aclose` does the same for a stream abandoned
+mid-way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, Self
+
+from iop_edge.errors import AdapterError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from iop_edge.config.payload import NodeConfigPayload
+
+__all__ = [
+    "DEFAULT_REQUEST_TIMEOUT_MS",
+    "AdapterSet",
+    "Endpoint",
+    "Executor",
+    "UnsupportedRequestError",
+    "UpstreamCall",
+    "UpstreamReply",
+    "UpstreamStream",
+    "Usage",
+]
+
+DEFAULT_REQUEST_TIMEOUT_MS: Final = 600_000
+"""``request_timeout_ms`` when neither the provider nor its adapter sets it: 10 minutes, long
+enough for a slow local model writing a long answer, short enough that a hung upstream frees
+its slot."""
+
+Endpoint = Literal["chat/completions", "completions"]
+"""The OpenAI endpoint a call targets (the path under ``/v1``)."""
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage as the upstream reported it; ``None`` when it did not."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    """One request to execute on a provider (or a model route)."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+    """The client's OpenAI request body, generation policy already applied. Not modified."""
+    target: str
+    """The upstream model name: replaces ``body["model"]`` upstream."""
+    stream: bool
+    headers: Mapping[str, str]
+    """Extra upstream headers (provider auth); never the client's own ``Authorization``."""
+    request_id: str
+
+
+@dataclass(slots=True)
+class UpstreamReply:
+    """A non-streaming result, or an upstream error answered before any stream started.
+
+    ``body`` is OpenAI-format JSON: a ``chat.completion`` / ``text_completion`` object with
+    ``status`` 200, else an error envelope ``{"error": {"message", "type", "param", "code"}}``
+    carrying the upstream's own status.
+    """
+
+    status: int
+    body: bytes
+    usage: Usage
+
+
+@dataclass(slots=True)
+class UpstreamStream:
+    """A streaming result whose status (200) is known before any frame is relayed.
+
+    ``frames`` yields complete SSE frames, ``b"data: {...}\\n\\n"`` in OpenAI chunk format,
+    ending with ``b"data: [DONE]\\n\\n"``; it raises :class:`~iop_edge.errors.AdapterError` on
+    a failure mid-stream. ``usage`` is filled in while the frames are consumed.
+
+    Always :meth:`aclose` it (or use ``async with``), whether or not the frames were consumed:
+    that releases the upstream connection or kills the CLI process group.
+    """
+
+    status: int
+    frames: AsyncIterator[bytes]
+    usage: Usage
+    closer: Callable[[], Awaitable[None]] = field(repr=False)
+    """Releases what the stream holds; :meth:`aclose` awaits it once. Set by the adapter."""
+    _closed: bool = field(default=False, init=False, repr=False)
+
+    async def aclose(self) -> None:
+        """Release the upstream connection / kill the CLI group; idempotent, safe mid-stream."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.closer()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class Executor(Protocol):
+    """Runs calls on one provider (or one adapter instance, for a model route)."""
+
+    @property
+    def endpoints(self) -> frozenset[str]:
+        """The endpoints this executor serves (``chat/completions``, maybe ``completions``)."""
+        ...
+
+    async def complete(self, call: UpstreamCall) -> UpstreamReply:
+        """Run a non-streaming call; raise :class:`~iop_edge.errors.AdapterError` on failure."""
+        ...
+
+    async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
+        """Start a streaming call: a stream, or the upstream's error status as a reply."""
+        ...
+
+
+class UnsupportedRequestError(AdapterError):
+    """The call asks for something this adapter cannot do, before any I/O: an endpoint it does
+    not serve (``completions`` on ``ollama`` / ``cli``) or a request it cannot translate
+    (no ``messages`` list, an image given by URL to Ollama). ``code`` is
+    ``invalid_request_error`` and ``status`` 400: map it like a bad field of the request — it
+    is the client's request, not the upstream, that cannot be served."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("invalid_request_error", message, status=400)
+
+
+class Backend(Protocol):
+    """What an adapter instance shares between the executors built on it."""
+
+    async def aclose(self) -> None:
+        """Release pooled connections / kill process groups still running."""
+        ...
+
+
+class AdapterSet:
+    """All executors of one node, built from its :class:`NodeConfigPayload` alone.
+
+    One backend per enabled adapter instance (an HTTP connection pool for ``openai_compat`` and
+    ``ollama``, a process tracker for ``cli``), shared by every provider that uses the
+    instance. A provider's executor uses the provider's merged execution settings (its own
+    provider-first fields over its adapter's); an adapter's executor (for
+    ``openai.model_routes``) uses the adapter instance's settings alone. Disabled adapters get
+    no executor; disabled providers do (``enabled`` changes live), when their adapter is enabled.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        backends: Mapping[str, Backend],
+        by_provider: Mapping[str, Executor],
+        by_adapter: Mapping[str, Executor],
+    ) -> None:
+        self.node_id = node_id
+        self._backends = dict(backends)
+        self._by_provider = dict(by_provider)
+        self._by_adapter = dict(by_adapter)
+
+    @classmethod
+    def from_payload(cls, payload: NodeConfigPayload) -> AdapterSet:
+        """Build the executors of ``payload``'s node; no I/O happens until the first call."""
+        # Imported here: the concrete adapters import this module for the types above.
+        from iop_edge.adapters.registry import build_adapter_set
+
+        return build_adapter_set(cls, payload)
+
+    def for_provider(self, provider_id: str) -> Executor:
+        """The executor of an enabled provider of this node; :class:`KeyError` otherwise."""
+        try:
+            return self._by_provider[provider_id]
+        except KeyError:
+            known = ", ".join(sorted(self._by_provider)) or "none"
+            raise KeyError(
+                f"node {self.node_id!r} has no provider {provider_id!r} with an enabled "
+                f"adapter; providers with one: {known}"
+            ) from None
+
+    def for_adapter(self, adapter_name: str) -> Executor:
+        """The executor of an enabled adapter instance of this node (for model routes)."""
+        try:
+            return self._by_adapter[adapter_name]
+        except KeyError:
+            known = ", ".join(sorted(self._by_adapter)) or "none"
+            raise KeyError(
+                f"node {self.node_id!r} has no enabled adapter {adapter_name!r}; "
+                f"enabled adapters: {known}"
+            ) from None
+
+    async def aclose(self) -> None:
+        """Close pooled connections and kill CLI process groups still running; idempotent.
+
+        Calls still in flight fail with ``upstream_error``.
+        """
+        for backend in self._backends.values():
+            await backend.aclose()

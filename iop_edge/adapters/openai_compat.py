@@ -1,0 +1,238 @@
+"""The ``openai_compat`` adapter: OpenAI requests passed through to an OpenAI-compatible server.
+
+- URL: ``{base_url}/chat/completions`` or ``{base_url}/completions``. The ``endpoint`` execution
+  field, when set, replaces the chat path: a path joined to ``base_url``
+  (``endpoint: /openai/v1/chat/completions``) or an absolute ``http(s)://`` URL.
+  ``completions`` always uses ``{base_url}/completions``.
+- Headers: ``Content-Type: application/json``, the ``headers`` execution field, then the call's
+  headers (provider auth), later ones winning; nothing else of the client's request.
+- Body: the client's body with ``model`` set to the target and ``stream`` to the call's; every
+  other field goes through untouched, serialised once. When the client streams without having
+  said whether it wants usage (no ``stream_options.include_usage``), usage is requested
+  upstream so it can be captured, and hidden again from the client: the usage-only final
+  chunk is not relayed and the ``"usage":null`` that upstreams add to every other chunk is
+  removed (compact form only; anything else is relayed as is).
+- Non-streaming: the upstream body is returned as is (bytes) once checked to be a JSON object;
+  usage is read from it. Streaming: SSE events are relayed one by one as they arrive, each as
+  ``data: <payload>\\n\\n`` (comments and ``event:``/``id:`` fields are dropped), until
+  ``data: [DONE]``; a stream that ends without it is a failure.
+- An upstream error status is returned as an :class:`UpstreamReply` with that status: an
+  OpenAI envelope passes through unchanged, any other body is wrapped into one. An error
+  event inside a stream (``data: {"error": ...}``) is raised as ``upstream_error`` instead of
+  being relayed, so the caller renders every mid-stream failure the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any, Final
+
+import aiohttp
+import orjson
+
+from iop_edge.adapters.base import (
+    Endpoint,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+    Usage,
+)
+from iop_edge.adapters.openai_format import DONE_FRAME, dumps, read_usage
+from iop_edge.adapters.upstream_http import (
+    HttpBackend,
+    HttpTarget,
+    LineReader,
+    error_reply_body,
+    read_capped,
+    redact_url,
+    upstream_error,
+)
+from iop_edge.errors import AdapterError
+
+__all__ = ["OpenAICompatExecutor"]
+
+_ENDPOINTS: Final = frozenset({"chat/completions", "completions"})
+_USAGE_NULL: Final = b',"usage":null'
+
+
+class OpenAICompatExecutor:
+    """Passes calls through to one OpenAI-compatible upstream (see the module docstring)."""
+
+    def __init__(self, backend: HttpBackend, target: HttpTarget, endpoint: str | None) -> None:
+        self._backend = backend
+        self._target = target
+        self._chat_url: str | None = None
+        if endpoint is not None and endpoint.startswith(("http://", "https://")):
+            self._chat_url = endpoint.rstrip("/")
+        self._chat_path = endpoint or "chat/completions"
+
+    @property
+    def endpoints(self) -> frozenset[str]:
+        """Both OpenAI generation endpoints."""
+        return _ENDPOINTS
+
+    def _url(self, endpoint: Endpoint) -> str:
+        if endpoint == "completions":
+            return self._target.url("completions")
+        return self._chat_url or self._target.url(self._chat_path)
+
+    def _payload(self, call: UpstreamCall) -> tuple[bytes, bool]:
+        """The upstream body, and whether the usage chunk is ours to hide from the client."""
+        body = call.body
+        changes: dict[str, Any] = {}
+        if body.get("model") != call.target:
+            changes["model"] = call.target
+        if bool(body.get("stream", False)) is not call.stream:
+            changes["stream"] = call.stream
+        hide_usage = False
+        if call.stream:
+            options = body.get("stream_options")
+            if options is None:
+                changes["stream_options"] = {"include_usage": True}
+                hide_usage = True
+            elif isinstance(options, dict) and "include_usage" not in options:
+                changes["stream_options"] = {**options, "include_usage": True}
+                hide_usage = True
+        return dumps({**body, **changes} if changes else body), hide_usage
+
+    async def complete(self, call: UpstreamCall) -> UpstreamReply:
+        """POST the call and return the upstream's JSON body as is, with its usage."""
+        url = self._url(call.endpoint)
+        payload, _ = self._payload(call)
+        headers = self._target.request_headers(call.headers)
+        deadline = self._target.deadline()
+        session = self._backend.session()
+        response: aiohttp.ClientResponse | None = None
+        finished = False
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await session.post(url, data=payload, headers=headers)
+                if not 200 <= response.status < 300:
+                    body = await error_reply_body(response, self._target.label)
+                    finished = True
+                    return UpstreamReply(response.status, body, Usage())
+                raw = await read_capped(response)
+            parsed = orjson.loads(raw)
+            if not isinstance(parsed, dict):
+                raise self._broken(url, "the response is a JSON value but not an object")
+            usage = Usage()
+            read_usage(parsed.get("usage"), usage)
+            finished = True
+            return UpstreamReply(response.status, raw, usage)
+        except Exception as exc:
+            raise upstream_error(self._target, url, exc) from exc
+        finally:
+            if response is not None:
+                # release() pools a connection whose body was read to the end, close() aborts
+                # it: the upstream sees a cancelled client go away at once.
+                (response.release if finished else response.close)()
+
+    async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
+        """POST the call; once the upstream answers 200, relay its SSE events as frames."""
+        url = self._url(call.endpoint)
+        payload, hide_usage = self._payload(call)
+        headers = self._target.request_headers(call.headers)
+        deadline = self._target.deadline()
+        session = self._backend.session()
+        response: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await session.post(url, data=payload, headers=headers)
+                if not 200 <= response.status < 300:
+                    body = await error_reply_body(response, self._target.label)
+                    response.release()
+                    return UpstreamReply(response.status, body, Usage())
+            if response.content_type == "application/json":
+                raise AdapterError(
+                    "upstream_error",
+                    f"{self._target.label} at POST {redact_url(url)} answered a streaming "
+                    "request with a JSON body instead of an event stream",
+                )
+        except BaseException as exc:
+            if response is not None:
+                response.close()
+            if isinstance(exc, Exception):
+                raise upstream_error(self._target, url, exc) from exc
+            raise
+        usage = Usage()
+        frames = self._relay(response, url, deadline, usage, hide_usage)
+        opened = response
+
+        async def close() -> None:
+            opened.close()
+            # Runs the generator's cleanup if it is suspended; one running in another task
+            # fails on its own now that the connection is closed.
+            with contextlib.suppress(RuntimeError):
+                await frames.aclose()
+
+        return UpstreamStream(status=200, frames=frames, usage=usage, closer=close)
+
+    async def _relay(
+        self,
+        response: aiohttp.ClientResponse,
+        url: str,
+        deadline: float,
+        usage: Usage,
+        hide_usage: bool,
+    ) -> AsyncGenerator[bytes, None]:
+        data: list[bytes] = []
+        done = False
+        lines = LineReader(response)
+        try:
+            while True:
+                async with asyncio.timeout_at(deadline):
+                    line = await lines.readline()
+                if not line:
+                    raise self._broken(url, "the stream ended before data: [DONE]")
+                line = line.rstrip(b"\r\n")
+                if line:
+                    if line.startswith(b"data:"):
+                        value = line[5:]
+                        data.append(value[1:] if value.startswith(b" ") else value)
+                    continue  # comments (keep-alives) and other SSE fields are dropped
+                if not data:
+                    continue
+                event = data[0] if len(data) == 1 else b"\n".join(data)
+                data.clear()
+                if event == b"[DONE]":
+                    done = True
+                    yield DONE_FRAME
+                    return
+                frame = self._check(event, url, usage, hide_usage)
+                if frame is not None:
+                    yield frame
+        except AdapterError:
+            raise
+        except Exception as exc:
+            raise upstream_error(self._target, url, exc) from exc
+        finally:
+            (response.release if done else response.close)()
+
+    def _check(self, event: bytes, url: str, usage: Usage, hide_usage: bool) -> bytes | None:
+        """Validate one event and capture its usage; return the frame to relay, or None."""
+        try:
+            chunk = orjson.loads(event)
+        except orjson.JSONDecodeError as exc:
+            raise self._broken(url, f"an event is not valid JSON ({exc})") from exc
+        if not isinstance(chunk, dict):
+            raise self._broken(url, "an event is not a JSON object")
+        error = chunk.get("error")
+        if error is not None:
+            message = error.get("message") if isinstance(error, dict) else error
+            raise self._broken(url, f"the upstream reported an error mid-stream: {message}")
+        reported = chunk.get("usage")
+        if reported is not None:
+            read_usage(reported, usage)
+            if hide_usage and not chunk.get("choices"):
+                return None
+        if hide_usage and _USAGE_NULL in event:
+            event = event.replace(_USAGE_NULL, b"")
+        return b"data: " + event + b"\n\n"
+
+    def _broken(self, url: str, reason: str) -> AdapterError:
+        return AdapterError(
+            "upstream_error",
+            f"{self._target.label} at POST {redact_url(url)} failed: {reason}",
+        )

@@ -1,0 +1,262 @@
+"""HTTP plumbing shared by the ``openai_compat`` and ``ollama`` adapters.
+
+- :class:`HttpBackend`: one pooled :class:`aiohttp.ClientSession` per adapter instance, made
+  on first use (a session needs a running loop; a payload is mapped without one). aiohttp's own
+  timeouts are off: each exchange is bounded by one deadline (``request_timeout_ms``).
+- :class:`HttpTarget`: where one executor sends its requests and how it names itself in errors.
+- :func:`read_capped`, :class:`LineReader`, :func:`error_reply_body`: reading bodies within
+  size caps; :func:`upstream_error` maps the third-party exceptions met on the way to
+  :class:`~iop_edge.errors.AdapterError` (the adapters raise it once, ``from exc``).
+
+A cancelled or failed exchange closes (never pools) its connection, so the upstream sees the
+client go at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import orjson
+from aiohttp.http_exceptions import HttpProcessingError
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from iop_edge.errors import AdapterError
+
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "MAX_RESPONSE_BYTES",
+    "HttpBackend",
+    "HttpTarget",
+    "LineReader",
+    "ResponseTooLarge",
+    "error_envelope",
+    "error_reply_body",
+    "read_capped",
+    "redact_url",
+    "static_headers",
+    "upstream_error",
+]
+
+MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+"""Cap on a non-streaming upstream body (and an error body: only its first 64 KiB is kept)."""
+
+MAX_FRAME_BYTES: Final = 4 * 1024 * 1024
+"""Cap on one line of an upstream stream (an SSE line or an NDJSON object)."""
+
+_MAX_ERROR_BODY: Final = 64 * 1024
+
+
+class ResponseTooLarge(Exception):
+    """An upstream body over :data:`MAX_RESPONSE_BYTES`."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` without user:password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+class HttpBackend:
+    """The connection pool of one HTTP adapter instance, shared by its providers."""
+
+    def __init__(self, adapter_name: str) -> None:
+        self.adapter_name = adapter_name
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled session, created on first use inside the running loop."""
+        if self._closed:
+            raise AdapterError(
+                "upstream_error",
+                f"adapter {self.adapter_name!r} is closed (the node's adapters were replaced or "
+                "the daemon is stopping); the call was not sent",
+            )
+        session = self._session
+        if session is None:
+            # No connection limit here: admission (provider capacity) bounds concurrency, and a
+            # hidden connector limit would queue requests that already hold a slot.
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+            session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=None, sock_read=None),
+                raise_for_status=False,
+            )
+            self._session = session
+        return session
+
+    async def aclose(self) -> None:
+        """Close the pool; idempotent. Later calls fail with ``upstream_error``."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+@dataclass(frozen=True, slots=True)
+class HttpTarget:
+    """One executor's upstream: its base URL, static headers, deadline and name in errors."""
+
+    label: str
+    """E.g. ``openai_compat provider 'vllm-a' (adapter 'vllm-main')``."""
+    base_url: str | None
+    headers: CIMultiDictProxy[str]
+    timeout_ms: int
+
+    def url(self, path: str) -> str:
+        """``base_url`` joined with ``path``, or a clear error when no base_url is configured."""
+        if self.base_url is None:
+            raise AdapterError(
+                "upstream_error",
+                f"{self.label} has no base_url; set base_url on the provider or its adapter",
+            )
+        return f"{self.base_url}/{path.lstrip('/')}"
+
+    def request_headers(self, extra: Mapping[str, str]) -> CIMultiDict[str]:
+        """Content-Type, then the configured ``headers``, then the call's (later wins)."""
+        merged: CIMultiDict[str] = CIMultiDict(self.headers)
+        if extra:
+            for name, value in extra.items():
+                merged[name] = value
+        return merged
+
+    def deadline(self) -> float:
+        """The loop time by which the whole exchange must be over."""
+        return asyncio.get_running_loop().time() + self.timeout_ms / 1000
+
+
+def static_headers(configured: Mapping[str, str] | None) -> CIMultiDictProxy[str]:
+    """The headers every request of an executor carries: JSON content type, then config."""
+    headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
+    for name, value in (configured or {}).items():
+        headers[name] = value
+    return CIMultiDictProxy(headers)
+
+
+def upstream_error(target: HttpTarget, url: str, exc: BaseException) -> AdapterError:
+    """Map an exception met while talking to ``url`` to the adapter error an operator reads."""
+    where = f"{target.label} at POST {redact_url(url)}"
+    if isinstance(exc, AdapterError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return AdapterError(
+            "upstream_timeout",
+            f"{where} did not finish within request_timeout_ms={target.timeout_ms}",
+            status=504,
+        )
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        reason = f"cannot connect: {exc.os_error.strerror or exc.os_error}"
+    elif isinstance(exc, aiohttp.ServerDisconnectedError):
+        reason = "the upstream closed the connection before answering"
+    elif isinstance(exc, aiohttp.ClientPayloadError):
+        reason = f"the response body was cut short ({exc})"
+    elif isinstance(exc, HttpProcessingError):
+        reason = f"the response is not valid HTTP or exceeds a size limit ({exc.message})"
+    elif isinstance(exc, ResponseTooLarge):
+        reason = str(exc)
+    elif isinstance(exc, orjson.JSONDecodeError):
+        reason = f"the response is not valid JSON ({exc})"
+    else:
+        reason = f"{type(exc).__name__}: {exc}"
+    return AdapterError("upstream_error", f"{where} failed: {reason}", status=502)
+
+
+async def read_capped(response: aiohttp.ClientResponse, limit: int = MAX_RESPONSE_BYTES) -> bytes:
+    """Read the whole body, refusing one larger than ``limit`` bytes."""
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        raise ResponseTooLarge(f"the body is {declared} bytes, over the {limit}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await response.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise ResponseTooLarge(f"the body exceeds the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class LineReader:
+    """Splits a streamed body into lines as they arrive, capping one line at
+    :data:`MAX_FRAME_BYTES` (an upstream that never sends a newline cannot fill memory)."""
+
+    __slots__ = ("_buffer", "_content")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._content = response.content
+        self._buffer = bytearray()
+
+    async def readline(self) -> bytes:
+        """The next line with its ``\\n`` (the last one may lack it); ``b""`` at the end."""
+        buffer = self._buffer
+        scanned = 0
+        while True:
+            end = buffer.find(b"\n", scanned)
+            if end >= 0:
+                line = bytes(buffer[: end + 1])
+                del buffer[: end + 1]
+                return line
+            if len(buffer) > MAX_FRAME_BYTES:
+                raise ResponseTooLarge(
+                    f"a line of the stream exceeds the {MAX_FRAME_BYTES}-byte limit"
+                )
+            chunk = await self._content.readany()
+            if not chunk:
+                line = bytes(buffer)
+                buffer.clear()
+                return line
+            scanned = len(buffer)
+            buffer += chunk
+
+
+def error_envelope(status: int, message: str, code: str | None = None) -> bytes:
+    """An OpenAI error body for ``status``."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return orjson.dumps(body)
+
+
+async def error_reply_body(response: aiohttp.ClientResponse, label: str) -> bytes:
+    """The body of an upstream error status as an OpenAI envelope.
+
+    An upstream that already answers with an OpenAI envelope is passed through as is; any other
+    body (HTML from a proxy, Ollama's ``{"error": "text"}``, plain text) is wrapped.
+    """
+    raw = await read_capped_prefix(response, _MAX_ERROR_BODY)
+    parsed: Any = None
+    with contextlib.suppress(orjson.JSONDecodeError):
+        parsed = orjson.loads(raw)
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return raw
+        if isinstance(error, str) and error:
+            return error_envelope(response.status, error)
+    text = raw.decode("utf-8", errors="replace").strip()
+    reason = response.reason or ""
+    detail = f": {text[:500]}" if text else ""
+    return error_envelope(
+        response.status,
+        f"the upstream of {label} answered {response.status} {reason}{detail}".rstrip(),
+        code="upstream_error",
+    )
+
+
+async def read_capped_prefix(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """Up to ``limit`` bytes of the body; the rest is dropped with the connection."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit and (chunk := await response.content.readany()):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)[:limit]

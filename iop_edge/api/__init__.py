@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP surface: auth, request handling, catalog, error envelope."""

@@ -1,0 +1,153 @@
+"""The model catalog the OpenAI surface serves from: one immutable snapshot per running config.
+
+A refresh builds a new :class:`Catalog` and swaps it in together with the scheduler's new
+policy, in one step of the event loop, so no request sees half a config. Pure: built from an
+effective config, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import orjson
+
+from iop_edge.config.schema import EdgeConfig, ModelGroup
+from iop_edge.pool import PoolPolicy, ProviderPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """A ``models[]`` group as the request path needs it."""
+
+    id: str
+    display_name: str | None
+    context_window_tokens: int
+    default_max_tokens: int | None
+    min_max_tokens: int | None
+    default_thinking_token_budget: int | None
+    #: provider id → upstream model name
+    targets: Mapping[str, str]
+    #: True when at least one provider is OpenAI-compatible (``/v1/completions`` needs one)
+    serves_completions: bool
+
+    @classmethod
+    def from_group(cls, group: ModelGroup, passthrough: set[str]) -> ModelEntry:
+        """Build from an effective config's model group (targets already resolved);
+        ``passthrough`` holds the ids of the config's ``openai_compat`` providers."""
+        return cls(
+            id=group.id,
+            display_name=group.display_name,
+            context_window_tokens=group.context_window_tokens,
+            default_max_tokens=group.default_max_tokens,
+            min_max_tokens=group.min_max_tokens,
+            default_thinking_token_budget=group.default_thinking_token_budget,
+            targets=MappingProxyType({ref.id: ref.target or ref.id for ref in group.providers}),
+            serves_completions=any(ref.id in passthrough for ref in group.providers),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RouteEntry:
+    """An ``openai.model_routes[]`` entry: a fixed adapter instance and upstream target."""
+
+    model: str
+    node_id: str
+    adapter: str
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """Everything the request path reads from the config, resolved once."""
+
+    models: Mapping[str, ModelEntry]
+    routes: Mapping[str, RouteEntry]
+    long_context_threshold_tokens: int
+    #: provider id → node id (every provider, enabled or not)
+    provider_nodes: Mapping[str, str]
+    #: Unix time the catalog was built (the ``created`` of every model object)
+    created: int
+    models_body: bytes = field(repr=False)
+
+    def model_body(self, model_id: str) -> bytes | None:
+        """The ``GET /v1/models/{id}`` body, or None for an unknown id."""
+        model = self.models.get(model_id)
+        if model is None and model_id not in self.routes:
+            return None
+        display = model.display_name if model else None
+        return orjson.dumps(_model_object(model_id, display, self.created))
+
+
+def _model_object(model_id: str, display_name: str | None, created: int) -> dict[str, object]:
+    obj: dict[str, object] = {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "iop-edge",
+    }
+    if display_name:
+        obj["display_name"] = display_name
+    return obj
+
+
+def build_catalog(config: EdgeConfig, created: int = 0) -> Catalog:
+    """The catalog of an effective config; ``created`` is the Unix time to report for models."""
+    passthrough = _passthrough(config)
+    models = {group.id: ModelEntry.from_group(group, passthrough) for group in config.models}
+    routes = {
+        r.model: RouteEntry(model=r.model, node_id=r.node or "", adapter=r.adapter, target=r.target)
+        for r in config.openai.model_routes
+    }
+    listing = [_model_object(g.id, g.display_name, created) for g in config.models] + [
+        _model_object(r.model, None, created) for r in config.openai.model_routes
+    ]
+    return Catalog(
+        models=MappingProxyType(models),
+        routes=MappingProxyType(routes),
+        long_context_threshold_tokens=config.long_context_threshold_tokens,
+        provider_nodes=MappingProxyType({p.id: n.id for n in config.nodes for p in n.providers}),
+        created=created,
+        models_body=orjson.dumps({"object": "list", "data": listing}),
+    )
+
+
+def _passthrough(config: EdgeConfig) -> set[str]:
+    return {p.id for n in config.nodes for p in n.providers if p.type == "openai_compat"}
+
+
+def completions_group(model_id: str) -> str:
+    """The scheduler group of a model's ``/v1/completions`` requests: its passthrough
+    (``openai_compat``) providers only, sharing their slots with the chat group. The brackets
+    cannot appear in a model id, so the name never collides."""
+    return f"{model_id}[completions]"
+
+
+def pool_policy(config: EdgeConfig) -> PoolPolicy:
+    """The scheduler's policy from an effective config: every provider, every model group, and
+    for each model with passthrough providers its :func:`completions_group`."""
+    nodes_of = {p.id: n.id for n in config.nodes for p in n.providers}
+    passthrough = _passthrough(config)
+    groups = {g.id: tuple((nodes_of[r.id], r.id) for r in g.providers) for g in config.models}
+    for g in config.models:
+        keys = tuple((nodes_of[r.id], r.id) for r in g.providers if r.id in passthrough)
+        if keys:
+            groups[completions_group(g.id)] = keys
+    return PoolPolicy(
+        max_queue=config.provider_pool.max_queue,
+        queue_timeout_ms=config.provider_pool.queue_timeout_ms,
+        providers=tuple(
+            ProviderPolicy(
+                node_id=n.id,
+                provider_id=p.id,
+                capacity=p.capacity,
+                long_context_capacity=p.long_context_capacity,
+                priority=p.priority,
+                enabled=p.enabled,
+            )
+            for n in config.nodes
+            for p in n.providers
+        ),
+        groups=groups,
+    )

@@ -1,0 +1,382 @@
+"""The OpenAI-compatible HTTP surface (aiohttp).
+
+``POST /v1/chat/completions`` and ``POST /v1/completions``: authenticate, read and check the body,
+resolve the model (a ``models[]`` group through the scheduler, or a fixed ``model_routes[]``
+entry), apply the generation policy, admit, execute on the provider's adapter, relay the answer,
+release the lease exactly once (``async with``), and record one log line. ``GET /v1/models``,
+``GET /v1/models/{id}``, ``GET /healthz`` and ``GET /readyz`` answer from the current catalog.
+
+Client disconnects cancel the handler (the runner is built with ``handler_cancellation``): a
+queued request leaves the queue, an upstream call is aborted (a CLI process group killed), and
+the lease is released on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from aiohttp import web
+
+from iop_edge.adapters.base import (
+    AdapterSet,
+    Executor,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+    Usage,
+)
+from iop_edge.admission import AdmissionScheduler
+from iop_edge.api.auth import Authenticator, Principal, ProviderAuthForwarder
+from iop_edge.api.catalog import Catalog, RouteEntry, build_catalog, completions_group
+from iop_edge.api.errors import client_message, describe, envelope, error_headers
+from iop_edge.api.requests import Endpoint, parse_body, prepare
+from iop_edge.config.payload import node_payload
+from iop_edge.config.schema import EdgeConfig
+from iop_edge.errors import AdapterError, IopEdgeError, RequestError
+from iop_edge.seams import Clock
+
+_REQUEST_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_JSON: Final = "application/json"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What one request did: the log line and the metrics are written from it."""
+
+    request_id: str
+    endpoint: str
+    started: float
+    principal: Principal | None = None
+    model: str | None = None
+    node: str | None = None
+    provider: str | None = None
+    stream: bool = False
+    status: int = 0
+    code: str = "ok"
+    queue_wait: float | None = None
+    time_to_first_token: float | None = None
+    duration: float = 0.0
+    usage: Usage = field(default_factory=Usage)
+    #: the full error (adapter details included) for the log; clients get a shorter message
+    error: str | None = None
+
+    def log_fields(self) -> dict[str, Any]:
+        """The fields of the request's log line (never a raw token)."""
+        principal = self.principal
+        return {
+            "request_id": self.request_id,
+            "principal_ref": principal.principal_ref if principal else None,
+            "token_ref": principal.token_ref if principal else None,
+            "model": self.model,
+            "node": self.node,
+            "provider": self.provider,
+            "status": self.status,
+            "code": self.code,
+            "stream": self.stream,
+            "queue_wait_ms": round(self.queue_wait * 1000, 3)
+            if self.queue_wait is not None
+            else None,
+            "duration_ms": round(self.duration * 1000, 3),
+            "prompt_tokens": self.usage.prompt_tokens,
+            "completion_tokens": self.usage.completion_tokens,
+            "error": self.error,
+        }
+
+
+RequestObserver = Callable[[RequestRecord], None]
+
+
+class Executors:
+    """Every node's :class:`AdapterSet`, built from the node payloads at start-up."""
+
+    def __init__(self, sets: Mapping[str, AdapterSet]) -> None:
+        self._sets = dict(sets)
+
+    @classmethod
+    def from_config(cls, config: EdgeConfig) -> Executors:
+        """Build each node's adapters from its :class:`NodeConfigPayload` alone."""
+        return cls(
+            {n.id: AdapterSet.from_payload(node_payload(config, n.id)) for n in config.nodes}
+        )
+
+    def provider(self, node_id: str, provider_id: str) -> Executor:
+        """The executor of a provider (``KeyError`` names what exists when there is none)."""
+        return self._sets[node_id].for_provider(provider_id)
+
+    def route(self, route: RouteEntry) -> Executor:
+        """The executor of a model route's adapter instance."""
+        return self._sets[route.node_id].for_adapter(route.adapter)
+
+    async def aclose(self) -> None:
+        """Close every node's pooled connections and kill CLI groups still running."""
+        for adapter_set in self._sets.values():
+            await adapter_set.aclose()
+
+
+class OpenAIServer:
+    """The request path. :meth:`swap_catalog` replaces the catalog atomically on a refresh."""
+
+    def __init__(
+        self,
+        config: EdgeConfig,
+        scheduler: AdmissionScheduler,
+        executors: Executors,
+        *,
+        clock: Clock,
+        logger: Any,
+        observers: Iterable[RequestObserver] = (),
+    ) -> None:
+        self.catalog: Catalog = build_catalog(config, created=int(time.time()))
+        self.scheduler = scheduler
+        self.executors = executors
+        self.clock = clock
+        self.log = logger
+        self.observers = list(observers)
+        self.auth = Authenticator(config.openai)
+        self.provider_auth = ProviderAuthForwarder(config.openai)
+        self.max_body_bytes = config.openai.max_body_bytes
+        self.ready = False
+
+    def swap_catalog(self, catalog: Catalog) -> None:
+        """Serve new requests from ``catalog`` (requests in flight keep the one they started
+        with for their policy; their upstream target is read after admission)."""
+        self.catalog = catalog
+
+    def build_app(self) -> web.Application:
+        """The aiohttp application (body limit: ``openai.max_body_bytes``)."""
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/v1/models/{model_id:.+}", self.get_model)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        return app
+
+    # -- small endpoints ---------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        """Liveness: the process answers."""
+        return web.Response(body=b'{"status":"ok"}', content_type=_JSON)
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Readiness: the config is loaded and the listeners are bound."""
+        if self.ready:
+            return web.Response(body=b'{"status":"ready"}', content_type=_JSON)
+        return web.Response(body=b'{"status":"starting"}', status=503, content_type=_JSON)
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        """``GET /v1/models``: every model group and model route."""
+        rid = _request_id(request)
+        try:
+            self.auth.authenticate(request.headers.get("Authorization"))
+        except IopEdgeError as exc:
+            return _error_response(exc, rid)
+        return web.Response(
+            body=self.catalog.models_body, content_type=_JSON, headers={"x-request-id": rid}
+        )
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}``."""
+        rid = _request_id(request)
+        model_id = request.match_info["model_id"]
+        try:
+            self.auth.authenticate(request.headers.get("Authorization"))
+            body = self.catalog.model_body(model_id)
+            if body is None:
+                raise _model_not_found(model_id)
+        except IopEdgeError as exc:
+            return _error_response(exc, rid)
+        return web.Response(body=body, content_type=_JSON, headers={"x-request-id": rid})
+
+    # -- completions -------------------------------------------------------------------------
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions``, streaming or not."""
+        return await self._serve(request, "chat/completions")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/completions`` (served by passthrough providers only)."""
+        return await self._serve(request, "completions")
+
+    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        record = RequestRecord(_request_id(request), endpoint, self.clock.now())
+        try:
+            return await self._run(request, endpoint, record)
+        except IopEdgeError as exc:
+            record.status, record.code, _ = describe(exc)
+            record.error = str(exc)
+            return _error_response(exc, record.request_id, record.provider)
+        except asyncio.CancelledError:
+            record.status, record.code = 499, "client_gone"
+            raise
+        finally:
+            record.duration = self.clock.now() - record.started
+            self._finish(record)
+
+    async def _run(
+        self, request: web.Request, endpoint: Endpoint, record: RequestRecord
+    ) -> web.StreamResponse:
+        record.principal = self.auth.authenticate(request.headers.get("Authorization"))
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise RequestError(
+                "request_too_large",
+                f"The request body is larger than this edge accepts ({self.max_body_bytes} "
+                "bytes, openai.max_body_bytes).",
+                status=413,
+            ) from None
+        body = parse_body(raw, endpoint)
+        record.model = model_id = body["model"]
+        record.stream = bool(body.get("stream"))
+        upstream_headers = self.provider_auth.upstream_headers(request.headers)
+        catalog = self.catalog
+        model = catalog.models.get(model_id)
+        if model is None:
+            route = catalog.routes.get(model_id)
+            if route is None:
+                raise _model_not_found(model_id)
+            prepared = prepare(body, endpoint, None, catalog.long_context_threshold_tokens)
+            record.node, record.provider = route.node_id, route.adapter
+            call = UpstreamCall(
+                endpoint,
+                prepared.body,
+                route.target,
+                prepared.stream,
+                upstream_headers,
+                record.request_id,
+            )
+            return await self._execute(request, record, self.executors.route(route), call)
+
+        prepared = prepare(body, endpoint, model, catalog.long_context_threshold_tokens)
+        group = model.id
+        if endpoint == "completions":
+            if not model.serves_completions:
+                raise RequestError(
+                    "invalid_request_error",
+                    f"The model '{model.id}' has no OpenAI-compatible provider, so it does not "
+                    "serve /v1/completions; use /v1/chat/completions.",
+                    param="model",
+                )
+            group = completions_group(model.id)
+        lease = await self.scheduler.admit(group, long_context=prepared.long_context)
+        async with lease:
+            record.queue_wait = lease.queue_wait
+            record.node, record.provider = lease.node_id, lease.provider_id
+            # The scheduler and the catalog are swapped together: the current catalog knows
+            # the provider the lease names, even if a refresh happened while we queued.
+            current = self.catalog.models.get(model.id, model)
+            target = current.targets.get(lease.provider_id) or model.targets[lease.provider_id]
+            call = UpstreamCall(
+                endpoint,
+                prepared.body,
+                target,
+                prepared.stream,
+                upstream_headers,
+                record.request_id,
+            )
+            executor = self.executors.provider(lease.node_id, lease.provider_id)
+            return await self._execute(request, record, executor, call)
+
+    async def _execute(
+        self, request: web.Request, record: RequestRecord, executor: Executor, call: UpstreamCall
+    ) -> web.StreamResponse:
+        if not call.stream:
+            return self._reply(record, await executor.complete(call))
+        opened = await executor.open_stream(call)
+        if isinstance(opened, UpstreamReply):
+            return self._reply(record, opened)
+        return await self._relay(request, record, opened)
+
+    def _reply(self, record: RequestRecord, reply: UpstreamReply) -> web.Response:
+        record.status, record.usage = reply.status, reply.usage
+        if reply.status >= 400:
+            record.code = "upstream_error"
+        else:
+            record.time_to_first_token = self.clock.now() - record.started
+        return web.Response(
+            body=reply.body, status=reply.status, content_type=_JSON, headers=_ids(record)
+        )
+
+    async def _relay(
+        self, request: web.Request, record: RequestRecord, stream: UpstreamStream
+    ) -> web.StreamResponse:
+        async with stream:
+            response = web.StreamResponse(
+                status=200,
+                headers={
+                    **_ids(record),
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                },
+            )
+            await response.prepare(request)
+            record.status = 200
+            try:
+                async for frame in stream.frames:
+                    if record.time_to_first_token is None:
+                        record.time_to_first_token = self.clock.now() - record.started
+                    await response.write(frame)
+            except AdapterError as exc:
+                # Headers are gone: the failure travels in the stream, as OpenAI sends it.
+                record.code, record.error = exc.code, str(exc)
+                message = client_message(exc, record.provider)
+                error = envelope(message, exc.code, status=exc.status)
+                await response.write(b"data: " + error + b"\n\n")
+            except ConnectionResetError:
+                record.code = "client_gone"
+                return response
+            finally:
+                record.usage = stream.usage
+            await response.write_eof()
+            return response
+
+    def _finish(self, record: RequestRecord) -> None:
+        self.log.info("request", endpoint=record.endpoint, **record.log_fields())
+        for observe in self.observers:
+            observe(record)
+
+
+def _request_id(request: web.Request) -> str:
+    given = request.headers.get("x-request-id")
+    if given is not None and _REQUEST_ID_RE.match(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def _ids(record: RequestRecord) -> dict[str, str]:
+    headers = {"x-request-id": record.request_id}
+    if record.provider:
+        headers["x-iop-provider"] = record.provider
+    return headers
+
+
+def _model_not_found(model_id: str) -> RequestError:
+    return RequestError(
+        "model_not_found",
+        f"The model '{model_id}' does not exist on this edge; GET /v1/models lists the models.",
+        status=404,
+        param="model",
+    )
+
+
+def _error_response(
+    exc: IopEdgeError, request_id: str, provider: str | None = None
+) -> web.Response:
+    status, code, param = describe(exc)
+    headers = {"x-request-id": request_id, **error_headers(code)}
+    if provider:
+        headers["x-iop-provider"] = provider
+    return web.Response(
+        body=envelope(client_message(exc, provider), code, status=status, param=param),
+        status=status,
+        content_type=_JSON,
+        headers=headers,
+    )

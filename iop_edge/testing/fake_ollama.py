@@ -1,0 +1,204 @@
+"""A fake Ollama server that speaks Ollama's HTTP API, for tests and benchmarks.
+
+::
+
+    async with FakeOllama() as fake:
+        async with session.post(f"{fake.base_url}/api/chat", json={...}) as response:
+            ...  # NDJSON lines; the last has "done": true
+        assert fake.requests[-1].json["options"]["num_predict"] == 64
+
+Endpoints, as Ollama serves them:
+
+- ``POST /api/chat``: ``stream`` defaults to true. A stream is ``application/x-ndjson``, one
+  line per content chunk ``{"model", "created_at", "message": {"role": "assistant",
+  "content"}, "done": false}`` and a final line with empty content, ``"done": true``,
+  ``done_reason`` (``stop`` or ``length``), ``total_duration``, ``load_duration``,
+  ``prompt_eval_count``, ``prompt_eval_duration``, ``eval_count``, ``eval_duration``
+  (durations in nanoseconds). Without streaming the same final object carries the whole
+  message. ``options`` are honoured as far as a fake can: ``num_predict`` caps the chunks
+  (``done_reason: length``) and ``stop`` cuts the text; ``temperature``, ``top_p`` and
+  ``num_ctx`` are only recorded (every request body is in :attr:`FakeUpstream.requests`).
+- ``GET /api/tags`` (the models), ``GET /api/version``, and ``GET /`` ("Ollama is running").
+
+Errors are Ollama's ``{"error": "message"}`` with the status; an in-stream error (the ``error``
+fault) is a line ``{"error": "message"}``. The reply, the chunking, the prompt and completion
+counts and every behaviour control are those of :mod:`iop_edge.testing.fake_upstream`
+(:class:`~iop_edge.testing.fake_upstream.FakeBehavior`, the ``x-fake-behavior`` header, the
+``[[fake:...]]`` directive); a model ``m`` matches a listed ``m:latest`` as in Ollama.
+
+Standalone: ``python -m iop_edge.testing.fake_ollama --port 11434``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from iop_edge.testing.fake_behavior import DEFAULT_BEHAVIOR, FakeBehavior
+from iop_edge.testing.fake_upstream import (
+    FakeUpstream,
+    RejectedRequest,
+    count_words,
+    last_user_text,
+    serve_main,
+    shape_reply,
+)
+
+__all__ = ["FakeOllama"]
+
+_VERSION = b'{"version":"0.6.8"}'
+
+
+class FakeOllama(FakeUpstream):
+    """A fake Ollama server (``/api/chat``, ``/api/tags``); :attr:`base_url` has no path.
+
+    See :class:`~iop_edge.testing.fake_upstream.FakeUpstream` for behaviour control and
+    observation; the defaults list one model, ``fake-model:latest``.
+    """
+
+    def __init__(
+        self,
+        *,
+        behavior: FakeBehavior = DEFAULT_BEHAVIOR,
+        models: Sequence[str] = ("fake-model:latest",),
+        strict_models: bool = False,
+        record_limit: int = 1000,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        super().__init__(
+            behavior=behavior,
+            models=models,
+            strict_models=strict_models,
+            record_limit=record_limit,
+            host=host,
+            port=port,
+        )
+
+    def _add_routes(self, router: web.UrlDispatcher) -> None:
+        router.add_post("/api/chat", self._generation(self._chat))
+        router.add_get("/api/tags", self._tags)
+        router.add_get("/api/version", self._version)
+        router.add_get("/", self._root)
+
+    def _error_response(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> web.Response:
+        return web.Response(
+            status=status,
+            body=orjson.dumps({"error": message}),
+            content_type="application/json",
+        )
+
+    async def _root(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text="Ollama is running")
+
+    async def _version(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=_VERSION, content_type="application/json")
+
+    async def _tags(self, request: web.Request) -> web.StreamResponse:
+        models = [
+            {
+                "name": name,
+                "model": name,
+                "modified_at": "2025-01-01T00:00:00Z",
+                "size": 4_661_224_676,
+                "digest": f"{index:064x}",
+                "details": {
+                    "parent_model": "",
+                    "format": "gguf",
+                    "family": "llama",
+                    "families": ["llama"],
+                    "parameter_size": "8.0B",
+                    "quantization_level": "Q4_K_M",
+                },
+            }
+            for index, name in enumerate(self.models, start=1)
+        ]
+        return await self._listing(request, orjson.dumps({"models": models}))
+
+    def _known(self, model: str) -> bool:
+        return model in self.models or f"{model}:latest" in self.models
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter_ns()
+        body = await self._read_json(request)
+        messages = body.get("messages")
+        behavior, prompt = self._resolve(request, body, last_user_text(messages))
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise RejectedRequest(400, "model is required")
+        if self.strict_models and not self._known(model):
+            raise RejectedRequest(404, f'model "{model}" not found, try pulling it first')
+        if messages is not None and not isinstance(messages, list):
+            raise RejectedRequest(400, "messages must be an array")
+        options = body.get("options")
+        if not isinstance(options, dict):
+            options = {}
+        if not await self._before_answer(request, behavior):
+            return web.Response()
+        if behavior.status != 200:
+            return self._failure(behavior)
+        pieces, finish = shape_reply(
+            prompt if behavior.reply is None else behavior.reply,
+            behavior.chunks,
+            max_tokens=options.get("num_predict"),
+            stop=options.get("stop"),
+        )
+        created_at = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
+        prompt_tokens = count_words(messages)
+        elapsed = time.perf_counter_ns() - started
+        final: dict[str, Any] = {
+            "model": model,
+            "created_at": created_at,
+            "message": {"role": "assistant", "content": ""},
+            "done_reason": finish,
+            "done": True,
+            "total_duration": elapsed,
+            "load_duration": 0,
+            "prompt_eval_count": prompt_tokens,
+            "prompt_eval_duration": elapsed // 2,
+            "eval_count": len(pieces),
+            "eval_duration": elapsed - elapsed // 2,
+        }
+        if body.get("stream", True) is False:
+            final["message"]["content"] = "".join(pieces)
+            return await self._body(
+                request,
+                behavior,
+                orjson.dumps(final),
+                content_type="application/json",
+            )
+        head = (
+            b'{"model":'
+            + orjson.dumps(model)
+            + b',"created_at":"'
+            + created_at.encode()
+            + b'","message":{"role":"assistant","content":'
+        )
+        frames = [head + orjson.dumps(piece) + b'},"done":false}\n' for piece in pieces]
+        frames.append(orjson.dumps(final) + b"\n")
+        return await self._stream(
+            request,
+            behavior,
+            frames,
+            content_type="application/x-ndjson",
+            malformed=head + b'"unterminated\n',
+            error=orjson.dumps({"error": behavior.error_message}) + b"\n",
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``python -m iop_edge.testing.fake_ollama``."""
+    serve_main(FakeOllama, argv)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main(sys.argv[1:])

@@ -1,0 +1,306 @@
+"""SPEC §7 ollama: OpenAI chat → /api/chat (options mapped) and NDJSON → OpenAI chunks, against
+the fake Ollama on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from iop_edge.adapters import (
+    AdapterSet,
+    Executor,
+    UnsupportedRequestError,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+)
+from iop_edge.errors import AdapterError
+from iop_edge.testing.fake_behavior import FakeBehavior
+from iop_edge.testing.fake_ollama import FakeOllama
+
+from .conftest import (
+    chat,
+    collect,
+    content_of,
+    dead_port,
+    frames_until_error,
+    payloads,
+    reply_json,
+)
+
+SetFactory = Callable[..., AdapterSet]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOllama]:
+    async with FakeOllama(strict_models=True) as server:
+        yield server
+
+
+def ollama_set(sets: SetFactory, base_url: str, **provider: Any) -> AdapterSet:
+    return sets(
+        [{"name": "local", "type": "ollama", "base_url": base_url}],
+        [{"id": "o1", "type": "ollama", "adapter": "local", **provider}],
+    )
+
+
+@pytest.fixture
+def executor(sets: SetFactory, fake: FakeOllama) -> Executor:
+    return ollama_set(sets, fake.base_url, context_size=4096).for_provider("o1")
+
+
+async def test_request_maps_messages_target_and_options(
+    executor: Executor, fake: FakeOllama
+) -> None:
+    call = chat(
+        "why is the sky blue",
+        target="fake-model:latest",
+        max_tokens=64,
+        temperature=0.3,
+        top_p=0.9,
+        stop="END",
+        seed=7,
+        x_unknown="not for ollama",
+    )
+    call.body["messages"].insert(0, {"role": "developer", "content": "Be brief."})
+    await executor.complete(call)
+
+    sent = fake.requests[-1]
+    assert sent.path == "/api/chat"
+    assert sent.headers["Content-Type"] == "application/json"
+    assert sent.json == {
+        "model": "fake-model:latest",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "why is the sky blue"},
+        ],
+        "stream": False,
+        "options": {
+            "num_predict": 64,
+            "temperature": 0.3,
+            "top_p": 0.9,
+            "seed": 7,
+            "stop": ["END"],
+            "num_ctx": 4096,
+        },
+    }
+
+
+async def test_max_completion_tokens_wins_and_content_parts_and_images_are_converted(
+    executor: Executor, fake: FakeOllama
+) -> None:
+    call = chat(target="fake-model", max_tokens=10, max_completion_tokens=3, stop=["a", "b"])
+    call.body["messages"] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "look "},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}},
+                {"type": "text", "text": "here"},
+            ],
+        }
+    ]
+    await executor.complete(call)
+    sent = fake.requests[-1].json
+    assert sent["options"]["num_predict"] == 3
+    assert sent["options"]["stop"] == ["a", "b"]
+    assert sent["messages"] == [{"role": "user", "content": "look here", "images": ["iVBORw0K"]}]
+
+
+async def test_an_image_by_url_is_refused_before_any_request(
+    executor: Executor, fake: FakeOllama
+) -> None:
+    call = chat()
+    call.body["messages"] = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y"}}]}
+    ]
+    with pytest.raises(UnsupportedRequestError) as caught:
+        await executor.complete(call)
+    assert caught.value.status == 400
+    assert caught.value.code == "invalid_request_error"
+    assert fake.total_requests == 0
+
+
+async def test_non_streaming_answer_is_a_chat_completion_with_usage(executor: Executor) -> None:
+    reply = await executor.complete(chat("tell me three words", target="fake-model"))
+    assert reply.status == 200
+    body = reply_json(reply)
+    assert body["object"] == "chat.completion"
+    assert body["id"] == "chatcmpl-req-1"
+    assert body["model"] == "fake-model"
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "tell me three words"},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ]
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (4, 4)
+
+
+async def test_done_reason_length_becomes_finish_reason_length(executor: Executor) -> None:
+    reply = await executor.complete(chat("one two three four", target="fake-model", max_tokens=2))
+    body = reply_json(reply)
+    assert body["choices"][0]["message"]["content"] == "one two "
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+async def test_stream_becomes_openai_chunks(executor: Executor, fake: FakeOllama) -> None:
+    stream = await executor.open_stream(chat("one two three", target="fake-model", stream=True))
+    assert isinstance(stream, UpstreamStream)
+    assert stream.status == 200
+    chunks = payloads(await collect(stream))
+
+    assert fake.requests[-1].json["stream"] is True
+    assert chunks[-1] == "[DONE]"
+    data = chunks[:-1]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == "chatcmpl-req-1" for c in data)
+    assert data[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["choices"][0]["delta"].get("content") for c in data[1:-1]] == [
+        "one ",
+        "two ",
+        "three",
+    ]
+    assert data[-1]["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+    assert all("usage" not in c for c in data)  # the client did not ask for it
+    assert (stream.usage.prompt_tokens, stream.usage.completion_tokens) == (3, 3)
+
+
+async def test_stream_usage_chunk_when_the_client_asks(executor: Executor) -> None:
+    call = chat("a b", target="fake-model", stream=True, stream_options={"include_usage": True})
+    chunks = payloads(await collect(await executor.open_stream(call)))
+    assert chunks[-2]["choices"] == []
+    assert chunks[-2]["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert chunks[-3]["choices"][0]["finish_reason"] == "stop"
+    assert content_of(chunks[:-2]) == "a b"
+
+
+async def test_headers_reach_ollama(sets: SetFactory, fake: FakeOllama) -> None:
+    adapter_set = sets(
+        [
+            {
+                "name": "local",
+                "type": "ollama",
+                "base_url": fake.base_url,
+                "headers": {"X-Proxy-Key": "configured"},
+            }
+        ],
+        [{"id": "o1", "type": "ollama", "adapter": "local"}],
+    )
+    call = chat(target="fake-model", headers={"Authorization": "Bearer from-call"})
+    await adapter_set.for_provider("o1").complete(call)
+    sent = fake.requests[-1].headers
+    assert sent["X-Proxy-Key"] == "configured"
+    assert sent["Authorization"] == "Bearer from-call"
+
+
+async def test_ollama_error_status_comes_back_as_an_openai_envelope(executor: Executor) -> None:
+    reply = await executor.complete(chat(target="no-such-model"))
+    assert reply.status == 404
+    assert reply_json(reply)["error"]["message"] == (
+        'model "no-such-model" not found, try pulling it first'
+    )
+    streamed = await executor.open_stream(chat(target="no-such-model", stream=True))
+    assert isinstance(streamed, UpstreamReply)
+    assert streamed.status == 404
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("reset", "cut short"),
+        ("malformed", "not valid JSON"),
+        ("error", "reported an error mid-stream: The fake upstream was told"),
+    ],
+)
+async def test_a_broken_ndjson_stream_raises_from_the_frames(
+    executor: Executor, fake: FakeOllama, fault: str, reason: str
+) -> None:
+    fake.enqueue(FakeBehavior(fault=fault, fault_after=1))  # type: ignore[arg-type]
+    stream = await executor.open_stream(chat("one two three", target="fake-model", stream=True))
+    assert isinstance(stream, UpstreamStream)
+    received, error = await frames_until_error(stream)
+    assert content_of(payloads(received)) == "one "
+    assert error.code == "upstream_error"
+    assert reason in str(error)
+    assert "ollama provider 'o1'" in str(error)
+
+
+async def test_a_stream_that_ends_before_done_is_a_failure(sets: SetFactory) -> None:
+    async def truncated(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        await response.write(b'{"message":{"role":"assistant","content":"x"},"done":false}\n')
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/api/chat", truncated)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        executor = ollama_set(sets, f"http://127.0.0.1:{runner.addresses[0][1]}").for_provider("o1")
+        stream = await executor.open_stream(chat(stream=True))
+        with pytest.raises(AdapterError, match='ended before the "done": true line'):
+            await collect(stream)
+    finally:
+        await runner.cleanup()
+
+
+async def test_connection_refused_is_an_upstream_error(sets: SetFactory) -> None:
+    url = f"http://127.0.0.1:{dead_port()}"
+    with pytest.raises(AdapterError) as caught:
+        await ollama_set(sets, url).for_provider("o1").complete(chat())
+    assert caught.value.code == "upstream_error"
+    assert caught.value.status == 502
+    assert f"{url}/api/chat" in str(caught.value)
+    assert "'o1'" in str(caught.value)
+
+
+async def test_a_stall_times_out_and_cancellation_aborts_upstream(
+    sets: SetFactory, fake: FakeOllama
+) -> None:
+    executor = ollama_set(sets, fake.base_url, request_timeout_ms=300).for_provider("o1")
+    fake.enqueue(FakeBehavior(fault="stall", fault_after=1))
+    stream = await executor.open_stream(chat(target="fake-model", stream=True))
+    with pytest.raises(AdapterError) as caught:
+        await collect(stream)
+    assert caught.value.code == "upstream_timeout"
+    assert caught.value.status == 504
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.cancelled == 1)
+
+    fake.behavior = FakeBehavior(hold=True)
+    task = asyncio.create_task(executor.complete(chat(target="fake-model")))
+    async with asyncio.timeout(5):
+        await fake.wait_in_flight(1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.cancelled == 2 and fake.in_flight == 0)
+
+
+async def test_completions_endpoint_is_an_invalid_request(
+    executor: Executor, fake: FakeOllama
+) -> None:
+    call = UpstreamCall("completions", {"model": "m", "prompt": "hi"}, "fake-model", False, {}, "r")
+    with pytest.raises(UnsupportedRequestError) as caught:
+        await executor.complete(call)
+    assert caught.value.status == 400
+    assert caught.value.code == "invalid_request_error"
+    assert "/v1/chat/completions" in str(caught.value)
+    assert executor.endpoints == frozenset({"chat/completions"})
+    assert fake.total_requests == 0

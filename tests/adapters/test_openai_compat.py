@@ -1,0 +1,504 @@
+"""SPEC §7 openai_compat: passthrough to a real OpenAI-compatible server (the fake) over
+127.0.0.1 — target mapping, untouched fields, headers, usage, errors, timeouts, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from iop_edge.adapters import AdapterSet, Executor, UpstreamCall, UpstreamReply, UpstreamStream
+from iop_edge.adapters.upstream_http import MAX_FRAME_BYTES
+from iop_edge.errors import AdapterError
+from iop_edge.testing.fake_behavior import FakeBehavior
+from iop_edge.testing.fake_openai import FakeOpenAI
+
+from .conftest import (
+    chat,
+    collect,
+    content_of,
+    dead_port,
+    frames_until_error,
+    payloads,
+    reply_json,
+    serve,
+)
+
+SetFactory = Callable[..., AdapterSet]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+def provider_set(sets: SetFactory, base_url: str, **provider: Any) -> AdapterSet:
+    return sets(
+        [{"name": "api", "type": "openai_compat", "base_url": base_url}],
+        [{"id": "p1", "type": "openai_compat", "adapter": "api", **provider}],
+    )
+
+
+@pytest.fixture
+def executor(sets: SetFactory, fake: FakeOpenAI) -> Executor:
+    return provider_set(sets, fake.base_url).for_provider("p1")
+
+
+async def test_non_streaming_body_goes_through_with_model_set_to_the_target(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    call = chat(
+        "tell me three words",
+        target="upstream-name",
+        temperature=0.25,
+        x_vendor_field={"nested": [1, 2, {"deep": None}]},
+        max_tokens=50,
+    )
+    reply = await executor.complete(call)
+
+    sent = fake.requests[-1]
+    assert sent.path == "/v1/chat/completions"
+    assert sent.json == {**call.body, "model": "upstream-name"}
+    assert list(sent.json) == list(call.body)  # field order kept, model replaced in place
+    assert call.body["model"] == "m"  # the caller's body is not modified
+    assert reply.status == 200
+    body = reply_json(reply)
+    assert body["object"] == "chat.completion"
+    assert body["model"] == "upstream-name"
+    assert body["choices"][0]["message"]["content"] == "tell me three words"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (4, 4)
+
+
+async def test_non_streaming_body_is_returned_byte_for_byte(executor: Executor) -> None:
+    reply = await executor.complete(chat("exact bytes"))
+    # The fake serialises with orjson: re-serialising the parsed body gives the same bytes
+    # only if the adapter returned them untouched (no reformatting, no re-ordering).
+    assert reply.body == orjson.dumps(orjson.loads(reply.body))
+    assert b'"system_fingerprint":"fp_fake"' in reply.body
+
+
+async def test_streaming_relays_every_chunk_and_hides_the_usage_it_asked_for(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    stream = await executor.open_stream(chat("one two three", stream=True))
+    assert isinstance(stream, UpstreamStream)
+    assert stream.status == 200
+    frames = await collect(stream)
+
+    sent = fake.requests[-1].json
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+    chunks = payloads(frames)
+    assert chunks[-1] == "[DONE]"
+    data = chunks[:-1]
+    assert len(data) == 5  # role, three words, finish — and no usage-only chunk
+    assert data[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert content_of(data) == "one two three"
+    assert data[-1]["choices"][0]["finish_reason"] == "stop"
+    assert all("usage" not in chunk for chunk in data)
+    assert (stream.usage.prompt_tokens, stream.usage.completion_tokens) == (3, 3)
+
+
+async def test_streaming_client_that_asked_for_usage_gets_the_usage_chunk(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    call = chat("a b", stream=True, stream_options={"include_usage": True})
+    stream = await executor.open_stream(call)
+    chunks = payloads(await collect(stream))
+
+    assert fake.requests[-1].json["stream_options"] == {"include_usage": True}
+    assert chunks[-2]["choices"] == []
+    assert chunks[-2]["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert (stream.usage.prompt_tokens, stream.usage.completion_tokens) == (2, 2)
+
+
+async def test_streaming_client_that_refused_usage_is_left_alone(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    call = chat("a b", stream=True, stream_options={"include_usage": False})
+    stream = await executor.open_stream(call)
+    chunks = payloads(await collect(stream))
+
+    assert fake.requests[-1].json["stream_options"] == {"include_usage": False}
+    assert all("usage" not in chunk for chunk in chunks[:-1])
+    assert stream.usage.prompt_tokens is None
+    assert stream.usage.completion_tokens is None
+
+
+async def test_call_stream_flag_wins_over_the_body(executor: Executor, fake: FakeOpenAI) -> None:
+    call = UpstreamCall(
+        endpoint="chat/completions",
+        body={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        target="fake-model",
+        stream=True,
+        headers={},
+        request_id="r",
+    )
+    frames = await collect(await executor.open_stream(call))
+    assert fake.requests[-1].json["stream"] is True
+    assert frames[-1] == b"data: [DONE]\n\n"
+
+
+async def test_headers_come_from_execution_fields_then_from_the_call(sets: SetFactory) -> None:
+    async with FakeOpenAI(api_key="sk-provider") as fake:
+        adapter_set = sets(
+            [
+                {
+                    "name": "api",
+                    "type": "openai_compat",
+                    "base_url": fake.base_url,
+                    "headers": {"X-Team": "adapter", "Authorization": "Bearer sk-wrong"},
+                }
+            ],
+            [{"id": "p1", "type": "openai_compat", "adapter": "api"}],
+        )
+        executor = adapter_set.for_provider("p1")
+        without = await executor.complete(chat())
+        assert without.status == 401  # the configured header alone is the wrong key
+
+        call = chat(headers={"authorization": "Bearer sk-provider", "X-Call": "1"})
+        reply = await executor.complete(call)
+
+        assert reply.status == 200
+        sent = fake.requests[-1].headers
+        assert isinstance(sent, CIMultiDictProxy)
+        assert sent.getall("Authorization") == ["Bearer sk-provider"]
+        assert sent["X-Team"] == "adapter"
+        assert sent["X-Call"] == "1"
+        assert sent["Content-Type"] == "application/json"
+
+
+async def test_upstream_error_status_and_envelope_pass_through(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    fake.behavior = FakeBehavior(status=500, error_message="GPU on fire", error_code="boom")
+    reply = await executor.complete(chat())
+    assert reply.status == 500
+    assert reply_json(reply) == {
+        "error": {"message": "GPU on fire", "type": "server_error", "param": None, "code": "boom"}
+    }
+
+    fake.behavior = FakeBehavior(status=429, error_message="slow down")
+    streamed = await executor.open_stream(chat(stream=True))
+    assert isinstance(streamed, UpstreamReply)
+    assert streamed.status == 429
+    assert reply_json(streamed)["error"]["message"] == "slow down"
+
+
+async def test_a_non_json_upstream_error_is_wrapped_in_an_openai_envelope(
+    sets: SetFactory,
+) -> None:
+    async def bad_gateway(request: web.Request) -> web.Response:
+        return web.Response(status=502, text="<html>nginx: bad gateway</html>")
+
+    async with serve("/v1/chat/completions", bad_gateway) as origin:
+        reply = await provider_set(sets, f"{origin}/v1").for_provider("p1").complete(chat())
+    assert reply.status == 502
+    error = reply_json(reply)["error"]
+    assert error["type"] == "server_error"
+    assert error["code"] == "upstream_error"
+    assert "'p1'" in error["message"]
+    assert "nginx: bad gateway" in error["message"]
+
+
+async def test_connection_refused_is_an_upstream_error_naming_provider_and_url(
+    sets: SetFactory,
+) -> None:
+    url = f"http://127.0.0.1:{dead_port()}/v1"
+    executor = provider_set(sets, url).for_provider("p1")
+    for attempt in (executor.complete(chat()), executor.open_stream(chat(stream=True))):
+        with pytest.raises(AdapterError) as caught:
+            await attempt
+        assert caught.value.code == "upstream_error"
+        assert caught.value.status == 502
+        message = str(caught.value)
+        assert "provider 'p1'" in message
+        assert f"{url}/chat/completions" in message
+        assert "cannot connect" in message
+
+
+async def test_secret_header_values_and_url_credentials_stay_out_of_messages(
+    sets: SetFactory,
+) -> None:
+    port = dead_port()
+    adapter_set = sets(
+        [
+            {
+                "name": "api",
+                "type": "openai_compat",
+                "base_url": f"http://user:hunter2@127.0.0.1:{port}/v1",
+                "headers": {"Authorization": "Bearer sk-secret"},
+            }
+        ],
+        [{"id": "p1", "type": "openai_compat", "adapter": "api"}],
+    )
+    with pytest.raises(AdapterError) as caught:
+        await adapter_set.for_provider("p1").complete(chat(headers={"X-Key": "call-secret"}))
+    message = str(caught.value)
+    assert f"127.0.0.1:{port}" in message
+    assert "hunter2" not in message
+    assert "sk-secret" not in message
+    assert "call-secret" not in message
+
+
+async def test_malformed_non_streaming_body_is_an_upstream_error(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    fake.enqueue(FakeBehavior(fault="malformed"))
+    with pytest.raises(AdapterError) as caught:
+        await executor.complete(chat())
+    assert caught.value.code == "upstream_error"
+    assert "not valid JSON" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("reset", "cut short"),
+        ("malformed", "not valid JSON"),
+        ("error", "reported an error mid-stream: The fake upstream was told"),
+    ],
+)
+async def test_a_broken_stream_raises_from_the_frames_after_what_was_relayed(
+    executor: Executor, fake: FakeOpenAI, fault: str, reason: str
+) -> None:
+    fake.enqueue(FakeBehavior(fault=fault, fault_after=2))  # type: ignore[arg-type]
+    stream = await executor.open_stream(chat("one two three", stream=True))
+    assert isinstance(stream, UpstreamStream)
+    received, error = await frames_until_error(stream)
+    assert len(received) == 2  # the role and the first word were relayed as they came
+    assert error.code == "upstream_error"
+    assert reason in str(error)
+    assert "provider 'p1'" in str(error)
+
+
+async def test_a_stream_that_ends_without_done_is_a_failure(sets: SetFactory) -> None:
+    async def truncated(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n')
+        await response.write_eof()
+        return response
+
+    async with serve("/v1/chat/completions", truncated) as origin:
+        executor = provider_set(sets, f"{origin}/v1").for_provider("p1")
+        stream = await executor.open_stream(chat(stream=True))
+        with pytest.raises(AdapterError, match=r"ended before data: \[DONE\]"):
+            await collect(stream)
+
+
+async def test_sse_comments_fields_crlf_and_split_writes_are_normalised(
+    sets: SetFactory,
+) -> None:
+    chunk = b'{"id":"c","object":"chat.completion.chunk","choices":[{"delta":{"content":"hi"}}]}'
+
+    async def wire_details(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b": keep-alive\r\n\r\n")
+        await response.write(b"event: message\r\nid: 1\r\nda")  # a line split across writes
+        await response.write(b"ta: " + chunk[:20])
+        await response.write(chunk[20:] + b"\r\n\r\n")
+        await response.write(b"data:[DONE]\n\n")
+        return response
+
+    async with serve("/v1/chat/completions", wire_details) as origin:
+        stream = (
+            await provider_set(sets, f"{origin}/v1")
+            .for_provider("p1")
+            .open_stream(chat(stream=True))
+        )
+        frames = await collect(stream)
+    assert frames == [b"data: " + chunk + b"\n\n", b"data: [DONE]\n\n"]
+
+
+async def test_an_endless_line_is_capped(sets: SetFactory) -> None:
+    async def no_newline(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        block = b"x" * 65536
+        for _ in range(MAX_FRAME_BYTES // len(block) + 2):
+            await response.write(block)
+        return response
+
+    async with serve("/v1/chat/completions", no_newline) as origin:
+        executor = provider_set(sets, f"{origin}/v1").for_provider("p1")
+        stream = await executor.open_stream(chat(stream=True))
+        with pytest.raises(AdapterError, match=f"exceeds the {MAX_FRAME_BYTES}-byte limit"):
+            await collect(stream)
+
+
+async def test_a_stall_mid_stream_times_out_and_the_upstream_sees_the_abort(
+    sets: SetFactory, fake: FakeOpenAI
+) -> None:
+    executor = provider_set(sets, fake.base_url, request_timeout_ms=300).for_provider("p1")
+    fake.enqueue(FakeBehavior(fault="stall", fault_after=1))
+    stream = await executor.open_stream(chat(stream=True))
+    assert isinstance(stream, UpstreamStream)
+    frames = stream.frames
+    async with stream:
+        first = await anext(frames)
+        assert b'"role":"assistant"' in first
+        with pytest.raises(AdapterError) as caught:
+            await anext(frames)
+    assert caught.value.code == "upstream_timeout"
+    assert caught.value.status == 504
+    assert "request_timeout_ms=300" in str(caught.value)
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.cancelled == 1)
+
+
+async def test_a_slow_answer_times_out_before_the_response(
+    sets: SetFactory, fake: FakeOpenAI
+) -> None:
+    executor = provider_set(sets, fake.base_url, request_timeout_ms=200).for_provider("p1")
+    fake.behavior = FakeBehavior(hold=True)
+    for attempt in (executor.complete(chat()), executor.open_stream(chat(stream=True))):
+        with pytest.raises(AdapterError) as caught:
+            await attempt
+        assert caught.value.code == "upstream_timeout"
+        assert caught.value.status == 504
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.cancelled == 2 and fake.in_flight == 0)
+
+
+async def test_cancelling_the_caller_aborts_the_upstream_request(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    fake.behavior = FakeBehavior(hold=True)
+    task = asyncio.create_task(executor.complete(chat()))
+    async with asyncio.timeout(5):
+        await fake.wait_in_flight(1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.cancelled == 1 and fake.in_flight == 0)
+    assert fake.completed == 0
+
+
+async def test_cancelling_a_stream_consumer_aborts_the_upstream_request(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    fake.enqueue(FakeBehavior(fault="stall", fault_after=2))
+    stream = await executor.open_stream(chat("one two", stream=True))
+    assert isinstance(stream, UpstreamStream)
+    received: list[bytes] = []
+    second = asyncio.Event()
+
+    async def consume() -> None:
+        async for frame in stream.frames:
+            received.append(frame)
+            if len(received) == 2:
+                second.set()
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(5):
+        await second.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await stream.aclose()
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.cancelled == 1)
+
+
+async def test_aclose_of_an_abandoned_stream_aborts_the_upstream_request(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    fake.enqueue(FakeBehavior(fault="stall", fault_after=1))
+    stream = await executor.open_stream(chat(stream=True))
+    assert isinstance(stream, UpstreamStream)
+    await anext(stream.frames)
+    await stream.aclose()
+    await stream.aclose()  # idempotent
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.cancelled == 1)
+
+    # A stream closed before its first frame releases its connection too.
+    fake.enqueue(FakeBehavior(fault="stall", fault_after=0))
+    unread = await executor.open_stream(chat(stream=True))
+    assert isinstance(unread, UpstreamStream)
+    await unread.aclose()
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.cancelled == 2)
+
+
+async def test_legacy_completions_endpoint_passes_through(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    body = {"model": "m", "prompt": "say this back", "max_tokens": 2, "echo": False}
+    call = UpstreamCall("completions", body, "fake-model", False, {}, "r1")
+    reply = await executor.complete(call)
+    assert fake.requests[-1].path == "/v1/completions"
+    assert fake.requests[-1].json == {**body, "model": "fake-model"}
+    parsed = reply_json(reply)
+    assert parsed["object"] == "text_completion"
+    assert parsed["choices"][0]["text"] == "say this "
+    assert reply.usage.completion_tokens == 2
+
+    streamed = UpstreamCall("completions", {**body, "stream": True}, "fake-model", True, {}, "r2")
+    chunks = payloads(await collect(await executor.open_stream(streamed)))
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == "say this "
+    assert chunks[-1] == "[DONE]"
+
+
+async def test_endpoint_field_overrides_the_chat_path(sets: SetFactory, fake: FakeOpenAI) -> None:
+    adapter_set = sets(
+        [
+            {
+                "name": "api",
+                "type": "openai_compat",
+                "base_url": fake.origin,
+                "endpoint": "/v1/chat/completions",
+            }
+        ],
+        [{"id": "p1", "type": "openai_compat", "adapter": "api"}],
+    )
+    reply = await adapter_set.for_provider("p1").complete(chat("via endpoint"))
+    assert reply.status == 200
+    assert fake.requests[-1].path == "/v1/chat/completions"
+
+
+async def test_one_connection_pool_per_adapter_instance_shared_by_its_providers(
+    sets: SetFactory,
+) -> None:
+    peers: list[tuple[str, int]] = []
+    answer = {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+    }
+
+    async def handler(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        peers.append(request.transport.get_extra_info("peername"))
+        await request.read()
+        return web.json_response(answer)
+
+    async with serve("/v1/chat/completions", handler) as origin:
+        base_url = f"{origin}/v1"
+        adapter_set = sets(
+            [
+                {"name": "api", "type": "openai_compat", "base_url": base_url},
+                {"name": "other", "type": "openai_compat", "base_url": base_url},
+            ],
+            [
+                {"id": "p1", "type": "openai_compat", "adapter": "api"},
+                {"id": "p2", "type": "openai_compat", "adapter": "api"},
+                {"id": "p3", "type": "openai_compat", "adapter": "other"},
+            ],
+        )
+        for provider in ("p1", "p2", "p1", "p3"):
+            reply = await adapter_set.for_provider(provider).complete(chat())
+            assert reply.status == 200
+        await adapter_set.aclose()
+    # p1 and p2 reuse one kept-alive connection of adapter "api"; p3 has its own pool.
+    assert peers[0] == peers[1] == peers[2]
+    assert peers[3] != peers[0]

@@ -1,0 +1,145 @@
+"""Request bodies: validation, token estimate, generation policy, context window (SPEC §6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from iop_edge.api.catalog import ModelEntry
+from iop_edge.api.requests import (
+    apply_generation_policy,
+    estimate_input_tokens,
+    parse_body,
+    prepare,
+)
+from iop_edge.errors import RequestError
+
+
+def model(**policy) -> ModelEntry:
+    values = {
+        "default_max_tokens": None,
+        "min_max_tokens": None,
+        "default_thinking_token_budget": None,
+        "context_window_tokens": 1000,
+    }
+    values.update(policy)
+    return ModelEntry(id="m", display_name=None, targets={}, serves_completions=True, **values)
+
+
+def chat(*contents: str, **extra) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": c} for c in contents], **extra}
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "fragment"),
+    [
+        (b"{not json", None, "not valid JSON"),
+        (b"[1]", None, "must be a JSON object"),
+        (b'{"messages": [{"role": "user", "content": "x"}]}', "model", "'model' is required"),
+        (b'{"model": "m"}', "messages", "'messages' is required"),
+        (b'{"model": "m", "messages": []}', "messages", "non-empty array"),
+        (b'{"model": "m", "messages": ["x"]}', "messages[0]", "string 'role'"),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}',
+            "stream",
+            "'stream' must be a boolean",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": -1}',
+            "max_tokens",
+            "non-negative integer",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": 1.5}',
+            "max_tokens",
+            "non-negative integer",
+        ),
+    ],
+)
+def test_malformed_bodies_are_400_naming_the_field(raw, param, fragment):
+    with pytest.raises(RequestError) as info:
+        parse_body(raw, "chat/completions")
+    assert (info.value.status, info.value.code, info.value.param) == (
+        400,
+        "invalid_request_error",
+        param,
+    )
+    assert fragment in str(info.value)
+
+
+def test_completions_need_a_prompt():
+    with pytest.raises(RequestError) as info:
+        parse_body(b'{"model": "m"}', "completions")
+    assert info.value.param == "prompt"
+    assert parse_body(b'{"model": "m", "prompt": "hi"}', "completions")["prompt"] == "hi"
+
+
+def test_unknown_fields_pass_through_untouched():
+    body = parse_body(
+        b'{"model": "m", "messages": [{"role": "user"}], "x_custom": {"a": 1}}', "chat/completions"
+    )
+    assert body["x_custom"] == {"a": 1}
+
+
+def test_token_estimate_is_a_quarter_of_the_utf8_bytes_plus_3_per_message():
+    assert estimate_input_tokens(chat("abcd" * 10), "chat/completions") == 10 + 3
+    assert estimate_input_tokens(chat("a"), "chat/completions") == 1 + 3
+    # Korean: 3 bytes per syllable → 0.75 token per character
+    assert estimate_input_tokens(chat("가나다라"), "chat/completions") == 3 + 3
+    parts = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "abcdefgh"},
+                    {"type": "image_url", "image_url": {"url": "x"}},
+                ],
+            }
+        ],
+    }
+    assert estimate_input_tokens(parts, "chat/completions") == 2 + 3
+    assert estimate_input_tokens({"prompt": ["abcd", "efgh"]}, "completions") == 2
+
+
+def test_token_estimate_is_monotone_in_text_length():
+    estimates = [estimate_input_tokens(chat("x" * n), "chat/completions") for n in range(200)]
+    assert estimates == sorted(estimates)
+
+
+def test_default_max_tokens_applies_when_the_request_sets_none():
+    body = chat("hi")
+    assert apply_generation_policy(body, model(default_max_tokens=256)) == 256
+    assert body["max_tokens"] == 256
+    body = chat("hi", max_completion_tokens=50)
+    assert apply_generation_policy(body, model(default_max_tokens=256)) == 50
+    assert "max_tokens" not in body
+
+
+def test_min_max_tokens_is_a_floor_in_the_field_the_request_used():
+    body = chat("hi", max_completion_tokens=4)
+    assert apply_generation_policy(body, model(min_max_tokens=16)) == 16
+    assert body["max_completion_tokens"] == 16
+    body = chat("hi", max_tokens=64)
+    assert apply_generation_policy(body, model(min_max_tokens=16)) == 64
+
+
+def test_default_thinking_token_budget_applies_when_the_request_sets_none():
+    body = chat("hi")
+    apply_generation_policy(body, model(default_thinking_token_budget=2048))
+    assert body["thinking_token_budget"] == 2048
+    body = chat("hi", thinking_token_budget=10)
+    apply_generation_policy(body, model(default_thinking_token_budget=2048))
+    assert body["thinking_token_budget"] == 10
+
+
+def test_input_plus_max_tokens_over_the_context_window_is_context_length_exceeded():
+    prepare(chat("x" * 3988), "chat/completions", model(), 100_000)  # 997 + 3 = 1000: fits
+    with pytest.raises(RequestError) as info:
+        prepare(chat("x" * 3988, max_tokens=1), "chat/completions", model(), 100_000)
+    assert (info.value.status, info.value.code) == (400, "context_length_exceeded")
+    assert "maximum context length is 1000 tokens" in str(info.value)
+
+
+def test_long_context_when_the_estimate_exceeds_the_threshold():
+    assert not prepare(chat("x" * 40), "chat/completions", model(), 13).long_context
+    assert prepare(chat("x" * 44), "chat/completions", model(), 13).long_context
