@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -151,18 +152,27 @@ def _cell(value: Any) -> str:
 
 
 def cmd_config_refresh(args: argparse.Namespace) -> int:
-    """``iop-edge config refresh --offline RUNNING.yaml [--config FILE] [--dry-run|--apply]``.
+    """``iop-edge config refresh [--dry-run|--apply] [--config FILE] [--console URL]``.
 
-    Offline, nothing runs: the result says what a daemon running RUNNING.yaml would do with
-    the candidate FILE. (The online form, talking to the daemon's admin API, comes with it.)
+    Online, the running daemon reads its config file and answers (``--apply`` applies the live
+    part). With ``--offline RUNNING.yaml`` nothing runs: the result says what a daemon running
+    RUNNING.yaml would do with the candidate FILE.
     """
+    mode = "apply" if args.apply else "dry_run"
     if not args.offline:
-        print(
-            "iop-edge config refresh: only --offline RUNNING.yaml is available until the "
-            "daemon's admin API exists",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        url = f"{_console_url(args)}/admin/config/refresh?mode={mode}"
+        try:
+            data = _admin_call(url, "POST")
+        except OSError as exc:
+            print(
+                f"iop-edge config refresh: cannot reach the daemon's admin API at {url}: {exc} "
+                "(use --offline RUNNING.yaml to compare files without a daemon)",
+                file=sys.stderr,
+            )
+            return EXIT_INVALID
+        online = RefreshResult.model_validate(data)
+        print(json.dumps(online.to_json(), indent=2) if args.json else format_refresh(online))
+        return online.exit_code
     try:
         running = read_config(args.offline)
     except ConfigError as exc:
@@ -174,7 +184,6 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"cannot read config {args.config}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_INVALID
-    mode = "apply" if args.apply else "dry_run"
     result = refresh(running, text, mode=mode, env=os.environ, source=args.config).result
     print(json.dumps(result.to_json(), indent=2) if args.json else format_refresh(result))
     return result.exit_code
@@ -182,23 +191,106 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``iop-edge serve --config FILE``: run the daemon until SIGTERM/SIGINT."""
-    try:
-        config = read_config(args.config)
-    except ConfigError as exc:
-        print(f"iop-edge serve: the config {args.config} is not valid:", file=sys.stderr)
-        _print_problems(exc, False)
-        return EXIT_INVALID
-    from iop_edge.daemon import Daemon
-    from iop_edge.logs import configure_logging
+    from iop_edge.daemon import Daemon, early_sighup
 
-    configure_logging(config.logging.level, config.logging.format)
-    try:
+    with early_sighup() as hup:  # from the first instant: Python's default would kill us
+        try:
+            config = read_config(args.config)
+        except ConfigError as exc:
+            print(f"iop-edge serve: the config {args.config} is not valid:", file=sys.stderr)
+            _print_problems(exc, False)
+            return EXIT_INVALID
+        from iop_edge.logs import configure_logging
+
+        configure_logging(config.logging.level, config.logging.format)
+        daemon = Daemon(config, config_path=Path(args.config), drain_timeout=args.drain_timeout)
         import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
-        import asyncio
 
-        return asyncio.run(Daemon(config).run())
-    return uvloop.run(Daemon(config).run())
+        return uvloop.run(daemon.run(hup_pending=bool(hup)))
+
+
+def _console_url(args: argparse.Namespace) -> str:
+    """The admin API: ``--console URL``, else ``console.listen`` of the config file (read
+    leniently, so a broken candidate still finds its daemon), else the default."""
+    if args.console:
+        return str(args.console).rstrip("/")
+    listen = "127.0.0.1:7601"
+    try:
+        data = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
+        console = data.get("console") if isinstance(data, dict) else None
+        if isinstance(console, dict) and isinstance(console.get("listen"), str):
+            listen = console["listen"]
+    except (OSError, yaml.YAMLError):
+        pass
+    host, _, port = listen.rpartition(":")
+    if host in ("0.0.0.0", "", "[::]"):
+        host = "127.0.0.1"
+    return f"http://{host}:{port}"
+
+
+def _admin_call(url: str, method: str = "GET") -> Any:
+    """One JSON call to the admin API (stdlib only); raises OSError when it is unreachable."""
+    request = urllib.request.Request(url, method=method)
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``iop-edge status [--json]``: the running daemon's status, from its admin API."""
+    url = _console_url(args) + "/admin/status"
+    try:
+        status = _admin_call(url)
+    except OSError as exc:
+        print(f"iop-edge status: cannot reach the admin API at {url}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    print(json.dumps(status, indent=2) if args.json else format_status(status))
+    return EXIT_OK
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """``/admin/status`` as a readable table."""
+    config = status["config"]
+    queue = status["queue"]
+    timeout = queue["queue_timeout_ms"]
+    lines = [
+        f"edge {status['edge']}: config {config['hash'][:12]} (generation "
+        f"{config['generation']}) from {config['path']}",
+        f"queue: {queue['depth']} pending (max {queue['max_queue']}, timeout "
+        f"{f'{timeout} ms' if timeout else 'none'})",
+    ]
+    last = config.get("last_refresh")
+    if last:
+        lines.append(f"last refresh: {last['result']} ({last['trigger']})")
+        lines += [f"  error: {e['path']}: {e['message']}" for e in last["errors"]]
+    pending = config["restart_pending"]
+    if pending:
+        lines.append(f"restart pending for {len(pending)} change(s):")
+        lines += [f"  {p['path']}: {_cell(p['old'])} -> {_cell(p['new'])}" for p in pending]
+    rows = [("NODE", "PROVIDER", "STATUS", "HEALTH", "IN_FLIGHT", "CAPACITY", "LONG", "PRIORITY")]
+    rows += [
+        (
+            p["node"],
+            p["id"],
+            p["status"],
+            p["health"],
+            str(p["in_flight"]),
+            str(p["capacity"]),
+            f"{p['long_in_flight']}/{p['long_context_capacity']}",
+            str(p["priority"]),
+        )
+        for p in status["providers"]
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines.append("")
+    lines += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
+    counters = status["counters"]
+    rejected = ", ".join(f"{k} {v}" for k, v in sorted(counters["rejected"].items()) if v)
+    lines.append("")
+    lines.append(
+        f"admitted {counters['admitted']}, released {counters['released']}, "
+        f"rejected: {rejected or 'none'}"
+    )
+    return "\n".join(lines)
 
 
 def cmd_token_new(args: argparse.Namespace) -> int:
@@ -238,7 +330,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the daemon")
     serve.add_argument("--config", default=default_config_path())
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long in-flight and queued requests may take (default 30)",
+    )
     serve.set_defaults(func=cmd_serve)
+
+    status = sub.add_parser("status", help="the running daemon's status (admin API)")
+    status.add_argument("--config", default=default_config_path(), help="to find console.listen")
+    status.add_argument("--console", metavar="URL", help="admin API base URL")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
 
     config = sub.add_parser("config", help="validate, show and compare configs")
     config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
@@ -270,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     modes = refresh_cmd.add_mutually_exclusive_group()
     modes.add_argument("--dry-run", action="store_true", help="report only (the default)")
     modes.add_argument("--apply", action="store_true", help="apply the live part")
+    refresh_cmd.add_argument("--console", metavar="URL", help="admin API base URL")
     refresh_cmd.add_argument("--json", action="store_true")
     refresh_cmd.set_defaults(func=cmd_config_refresh)
 

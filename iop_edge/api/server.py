@@ -65,6 +65,10 @@ class RequestRecord:
     usage: Usage = field(default_factory=Usage)
     #: the full error (adapter details included) for the log; clients get a shorter message
     error: str | None = None
+    #: the model names a models[] group or a route (metrics label it; unknown ids are not)
+    resolved: bool = False
+    #: how the upstream failed: ``upstream_error``, ``upstream_timeout`` or ``http_<status>``
+    upstream_failure: str | None = None
 
     def log_fields(self) -> dict[str, Any]:
         """The fields of the request's log line (never a raw token)."""
@@ -212,6 +216,8 @@ class OpenAIServer:
         except IopEdgeError as exc:
             record.status, record.code, _ = describe(exc)
             record.error = str(exc)
+            if isinstance(exc, AdapterError) and exc.code.startswith("upstream_"):
+                record.upstream_failure = exc.code
             return _error_response(exc, record.request_id, record.provider)
         except asyncio.CancelledError:
             record.status, record.code = 499, "client_gone"
@@ -243,6 +249,7 @@ class OpenAIServer:
             route = catalog.routes.get(model_id)
             if route is None:
                 raise _model_not_found(model_id)
+            record.resolved = True
             prepared = prepare(body, endpoint, None, catalog.long_context_threshold_tokens)
             record.node, record.provider = route.node_id, route.adapter
             call = UpstreamCall(
@@ -255,6 +262,7 @@ class OpenAIServer:
             )
             return await self._execute(request, record, self.executors.route(route), call)
 
+        record.resolved = True
         prepared = prepare(body, endpoint, model, catalog.long_context_threshold_tokens)
         group = model.id
         if endpoint == "completions":
@@ -298,7 +306,7 @@ class OpenAIServer:
     def _reply(self, record: RequestRecord, reply: UpstreamReply) -> web.Response:
         record.status, record.usage = reply.status, reply.usage
         if reply.status >= 400:
-            record.code = "upstream_error"
+            record.code, record.upstream_failure = "upstream_error", f"http_{reply.status}"
         else:
             record.time_to_first_token = self.clock.now() - record.started
         return web.Response(
@@ -327,6 +335,7 @@ class OpenAIServer:
             except AdapterError as exc:
                 # Headers are gone: the failure travels in the stream, as OpenAI sends it.
                 record.code, record.error = exc.code, str(exc)
+                record.upstream_failure = exc.code
                 message = client_message(exc, record.provider)
                 error = envelope(message, exc.code, status=exc.status)
                 await response.write(b"data: " + error + b"\n\n")

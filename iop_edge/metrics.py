@@ -1,0 +1,204 @@
+"""Prometheus metrics (SPEC §9), on an injected registry.
+
+Events (requests, tokens, upstream errors, reloads) are counted here as they happen. State —
+queue depth, slots, enabled flags, admission rejections, the running config — is read at scrape
+time from ``scheduler.statistics()`` and the supervisor by :class:`StateCollector`: one source of
+truth, nothing counted twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from iop_edge.pool import PoolStatistics
+
+if TYPE_CHECKING:
+    from iop_edge.api.server import RequestRecord
+    from iop_edge.supervisor import RefreshRecord, Supervisor
+
+UNKNOWN_MODEL: Final = "(unknown)"
+_LATENCY_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+_WAIT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class StateCollector(Collector):
+    """Gauges and counters read at scrape time from the scheduler and the supervisor."""
+
+    def __init__(
+        self,
+        statistics: Callable[[], PoolStatistics],
+        supervisor: Callable[[], Supervisor | None],
+    ) -> None:
+        self._statistics = statistics
+        self._supervisor = supervisor
+
+    def collect(self) -> Iterator[Metric]:
+        """One consistent snapshot per scrape."""
+        stats = self._statistics()
+        yield GaugeMetricFamily(
+            "iop_edge_queue_depth",
+            "Requests waiting in the admission queue.",
+            value=stats.queue_depth,
+        )
+        rejected = CounterMetricFamily(
+            "iop_edge_admission_rejected",
+            "Requests the scheduler refused or dropped, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(stats.rejected.items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        in_flight = GaugeMetricFamily(
+            "iop_edge_provider_in_flight",
+            "Requests running on a provider.",
+            labels=["node", "provider", "kind"],
+        )
+        capacity = GaugeMetricFamily(
+            "iop_edge_provider_capacity",
+            "Slots of a provider (0 when disabled).",
+            labels=["node", "provider", "kind"],
+        )
+        enabled = GaugeMetricFamily(
+            "iop_edge_provider_enabled",
+            "1 when the provider is a dispatch candidate.",
+            labels=["node", "provider"],
+        )
+        for p in stats.providers:
+            general = p.in_flight - p.long_in_flight
+            in_flight.add_metric([p.node_id, p.provider_id, "general"], general)
+            in_flight.add_metric([p.node_id, p.provider_id, "long"], p.long_in_flight)
+            capacity.add_metric([p.node_id, p.provider_id, "general"], p.capacity)
+            capacity.add_metric([p.node_id, p.provider_id, "long"], p.long_context_capacity)
+            enabled.add_metric([p.node_id, p.provider_id], 1 if p.enabled else 0)
+        yield in_flight
+        yield capacity
+        yield enabled
+        supervisor = self._supervisor()
+        if supervisor is None:
+            return
+        info = GaugeMetricFamily(
+            "iop_edge_config_info", "The running config (its content hash).", labels=["hash"]
+        )
+        info.add_metric([supervisor.running_hash], 1)
+        yield info
+        last = supervisor.last
+        ok = last is None or last.result.result != "rejected"
+        yield GaugeMetricFamily(
+            "iop_edge_config_last_reload_successful",
+            "1 when the last reload was not rejected.",
+            value=1 if ok else 0,
+        )
+        yield GaugeMetricFamily(
+            "iop_edge_config_last_reload_success_timestamp_seconds",
+            "Unix time of the last reload that was not rejected (or of the start).",
+            value=supervisor.last_success_at or 0,
+        )
+        yield GaugeMetricFamily(
+            "iop_edge_config_restart_pending",
+            "Config changes saved but waiting for a restart.",
+            value=len(supervisor.restart_pending),
+        )
+
+
+class EdgeMetrics:
+    """Every metric of SPEC §9, registered on ``registry``."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        statistics: Callable[[], PoolStatistics],
+        supervisor: Callable[[], Supervisor | None],
+    ) -> None:
+        self.registry = registry
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` series
+        self.requests = Counter(
+            "iop_edge_requests",
+            "Requests answered, by model, token and outcome code.",
+            ["model", "token_ref", "code"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "iop_edge_request_duration_seconds",
+            "Whole request time, queue wait included.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.first_token = Histogram(
+            "iop_edge_time_to_first_token_seconds",
+            "Time to the first streamed frame (to the answer, when not streaming).",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "iop_edge_queue_wait_seconds",
+            "Time from arrival to admission.",
+            ["model"],
+            buckets=_WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "iop_edge_upstream_errors",
+            "Failed upstream calls, by provider and kind.",
+            ["node", "provider", "kind"],
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "iop_edge_tokens",
+            "Tokens reported by upstreams.",
+            ["model", "token_ref", "direction"],
+            registry=registry,
+        )
+        self.reloads = Counter(
+            "iop_edge_config_reloads",
+            "Config refreshes, by trigger and result.",
+            ["trigger", "result"],
+            registry=registry,
+        )
+        registry.register(StateCollector(statistics, supervisor))
+
+    def observe_request(self, record: RequestRecord) -> None:
+        """Count one finished request (called once per request by the server)."""
+        model = record.model if record.resolved and record.model else UNKNOWN_MODEL
+        token_ref = record.principal.token_ref if record.principal else "(none)"
+        self.requests.labels(model, token_ref, record.code).inc()
+        self.duration.labels(model).observe(record.duration)
+        if record.queue_wait is not None:
+            self.queue_wait.labels(model).observe(record.queue_wait)
+        if record.time_to_first_token is not None:
+            self.first_token.labels(model).observe(record.time_to_first_token)
+        if record.upstream_failure is not None and record.provider is not None:
+            self.upstream_errors.labels(
+                record.node or "", record.provider, record.upstream_failure
+            ).inc()
+        usage = record.usage
+        if usage.prompt_tokens:
+            self.tokens.labels(model, token_ref, "prompt").inc(usage.prompt_tokens)
+        if usage.completion_tokens:
+            self.tokens.labels(model, token_ref, "completion").inc(usage.completion_tokens)
+
+    def observe_refresh(self, record: RefreshRecord) -> None:
+        """Count one finished (apply-mode) refresh."""
+        self.reloads.labels(record.trigger, record.result.result).inc()

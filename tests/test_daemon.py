@@ -1,0 +1,238 @@
+"""Daemon operations: sd_notify, SIGTERM drain, SIGHUP, start-up failures, deploy files."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from iop_edge.systemd import Notifier
+from iop_edge.testing.fake_behavior import FakeBehavior
+from iop_edge.testing.fake_openai import FakeOpenAI
+from tests.test_supervisor import doc_for, dump, edge_on, rename_save
+
+ROOT = Path(__file__).resolve().parents[1]
+IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))
+
+
+class NotifySocket:
+    """A stand-in for systemd's notify socket: a bound Unix datagram socket."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.setblocking(False)
+
+    async def next(self) -> dict[str, str]:
+        raw = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(self.sock, 65536), 15)
+        return dict(line.split("=", 1) for line in raw.decode().splitlines())
+
+    async def next_with(self, key: str) -> dict[str, str]:
+        while True:
+            message = await self.next()
+            if key in message:
+                return message
+
+
+async def test_sd_notify_sequence_ready_reloading_watchdog_stopping(tmp_path):
+    (tmp_path / "run").mkdir()
+    systemd = NotifySocket(tmp_path / "run" / "notify")
+    notifier = Notifier({"NOTIFY_SOCKET": str(systemd.path), "WATCHDOG_USEC": "200000"})
+    assert notifier.watchdog_interval == 0.1  # half of WatchdogSec, as systemd advises
+    config_dir = tmp_path / "etc"
+    config_dir.mkdir()
+    try:
+        async with edge_on(config_dir, doc_for(), notifier=notifier) as edge:
+            ready = await systemd.next_with("READY")
+            assert ready["READY"] == "1"
+            assert ready["STATUS"].startswith(f"serving config {edge.supervisor.running_hash[:12]}")
+            await systemd.next_with("WATCHDOG")  # pings come from the event loop
+            rename_save(edge.path, dump(doc_for(capacity=3, logging={"level": "debug"})))
+            reloading = await systemd.next_with("RELOADING")
+            assert int(reloading["MONOTONIC_USEC"]) > 0
+            after = await systemd.next_with("READY")
+            assert after["STATUS"].endswith("1 change(s) need a restart")
+            bad = doc_for()
+            bad["provider_pool"]["max_queue"] = -1
+            rename_save(edge.path, dump(bad))
+            await systemd.next_with("RELOADING")
+            rejected = await systemd.next_with("READY")
+            assert (
+                "last reload rejected: provider_pool.max_queue: -1 is negative"
+                in rejected["STATUS"]
+            )
+        stopping = await systemd.next_with("STOPPING")
+        assert stopping["STOPPING"] == "1"
+    finally:
+        systemd.sock.close()
+
+
+def test_without_notify_socket_notifications_do_nothing():
+    notifier = Notifier({})
+    assert not notifier.enabled
+    assert notifier.watchdog_interval is None
+    notifier.ready("x")  # no socket, no error
+
+
+@contextlib.contextmanager
+def daemon_process(config: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]]:
+    """Run `iop-edge serve` as systemd would; yield it and its listening addresses; kill it
+    if the test left it running."""
+    process = subprocess.Popen(
+        [IOP_EDGE, "serve", "--config", str(config), "--drain-timeout", "20"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield process, wait_for_line(process, "listening")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def wait_for_line(process: subprocess.Popen[str], event_name: str) -> dict[str, object]:
+    """Read the daemon's log until the event ``event_name``."""
+    assert process.stderr is not None
+    for line in process.stderr:
+        event = json.loads(line)
+        if event["event"] == event_name:
+            return event
+    raise AssertionError(f"the daemon exited without logging {event_name!r}")
+
+
+async def test_sigterm_lets_an_in_flight_stream_finish_then_exits_0(tmp_path):
+    async with FakeOpenAI(behavior=FakeBehavior(hold=True, chunks=5)) as fake:
+        config = tmp_path / "edge.yaml"
+        config.write_text(dump(doc_for(fake, logging={"format": "json"})))
+        with daemon_process(config) as (process, addresses):
+            async with aiohttp.ClientSession() as session:
+
+                async def stream() -> tuple[int, str]:
+                    async with session.post(
+                        addresses["openai"] + "/v1/chat/completions",
+                        json={
+                            "model": "chat",
+                            "stream": True,
+                            "messages": [{"role": "user", "content": "one two three four five"}],
+                        },
+                    ) as response:
+                        return response.status, await response.text()
+
+                call = asyncio.create_task(stream())
+                await fake.wait_in_flight(1)
+                process.send_signal(signal.SIGTERM)  # drain starts while the request runs
+                await asyncio.to_thread(wait_for_line, process, "draining")
+                fake.release()
+                status, body = await call
+            assert status == 200
+            assert body.rstrip().endswith("data: [DONE]")
+            assert body.count("chat.completion.chunk") >= 5
+            assert await asyncio.to_thread(process.wait, 20) == 0
+            assert process.stderr is not None
+            events = [json.loads(line)["event"] for line in process.stderr]
+            assert events[-1] == "stopped"
+
+
+def test_sighup_at_any_time_never_kills_the_daemon(tmp_path):
+    config = tmp_path / "edge.yaml"
+    config.write_text(dump(doc_for(logging={"format": "json"})))
+    with daemon_process(config) as (process, _):
+        for _ in range(3):
+            process.send_signal(signal.SIGHUP)
+        refresh = wait_for_line(process, "config_refresh")
+        assert (refresh["trigger"], refresh["result"]) == ("signal", "applied")
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+
+
+@pytest.mark.parametrize("content", [None, "models: [\n", "nodes: []\n"])
+def test_a_bad_or_missing_config_at_start_exits_1_with_the_errors(tmp_path, content):
+    config = tmp_path / "edge.yaml"
+    if content is not None:
+        config.write_text(content)
+    result = subprocess.run(
+        [IOP_EDGE, "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f"the config {config} is not valid" in result.stderr
+    expected = {
+        None: "cannot read config",
+        "models: [\n": "YAML syntax error",
+        "nodes: []\n": "nothing to serve",
+    }[content]
+    assert expected in result.stderr
+
+
+def test_the_unit_file_passes_systemd_analyze_verify(tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed on this machine")
+    unit = (ROOT / "deploy/iop-edge.service").read_text()
+    assert "Type=notify" in unit
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
+    # verify checks that ExecStart exists: point it at this checkout's iop-edge
+    local = tmp_path / "iop-edge.service"
+    local.write_text(unit.replace("/opt/iop-edge/.venv/bin/iop-edge", IOP_EDGE))
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(local)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "iop-edge.service" not in result.stderr  # no warning about our unit
+
+
+def test_the_alert_rules_cover_the_operational_failures():
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    assert set(alerts) == {
+        "IopEdgeReloadFailing",
+        "IopEdgeRestartPending",
+        "IopEdgeQueueSaturated",
+        "IopEdgeQueueTimeoutsRising",
+        "IopEdgeProviderErrorRate",
+    }
+    assert alerts["IopEdgeRestartPending"]["for"] == "1h"
+    metrics = " ".join(r["expr"] for r in alerts.values())
+    for name in (
+        "iop_edge_config_last_reload_successful",
+        "iop_edge_config_restart_pending",
+        "iop_edge_queue_depth",
+        "iop_edge_admission_rejected_total",
+        "iop_edge_upstream_errors_total",
+    ):
+        assert name in metrics
+    if shutil.which("promtool"):
+        subprocess.run(
+            ["promtool", "check", "rules", str(ROOT / "deploy/prometheus/alerts.yml")],
+            check=True,
+            timeout=60,
+        )
+
+
+def test_the_env_example_holds_no_real_secret():
+    text = (ROOT / "deploy/iop-edge.env.example").read_text()
+    assert "OPENAI_API_KEY=sk-replace-me" in text
+    assert os.environ.get("OPENAI_API_KEY", "unset") not in text
