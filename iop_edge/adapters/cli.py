@@ -225,6 +225,16 @@ class CliExecutor:
         run = await CliRun.start(self._argv, self._env, prompt, self._label, self._tracker)
         return run, deadline
 
+    def _failed(self, run: CliRun, exc: BaseException) -> BaseException:
+        """Kill the run's group; the error to raise for ``exc`` (itself when not ours to map:
+        a cancellation stays a cancellation)."""
+        run.abort()
+        if isinstance(exc, TimeoutError):
+            return self._timeout()
+        if isinstance(exc, MalformedOutput):
+            return self._malformed(run, exc)
+        return exc
+
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """Run the command to its end and return its answer as a ``chat.completion``."""
         run, deadline = await self._start(call)
@@ -237,12 +247,10 @@ class CliExecutor:
                 await run.finish()
             pieces.extend(decoder.end())
         except BaseException as exc:
-            run.abort()
-            if isinstance(exc, TimeoutError):
-                raise self._timeout() from exc
-            if isinstance(exc, MalformedOutput):
-                raise self._malformed(run, exc) from exc
-            raise
+            mapped = self._failed(run, exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
         body = chat_completion(call.request_id, call.target, "".join(pieces), "stop", decoder.usage)
         return UpstreamReply(200, body, decoder.usage)
 
@@ -272,12 +280,10 @@ class CliExecutor:
                     await run.finish()
                     ready.extend(decoder.end())
         except BaseException as exc:
-            run.abort()
-            if isinstance(exc, TimeoutError):
-                raise self._timeout() from exc
-            if isinstance(exc, MalformedOutput):
-                raise self._malformed(run, exc) from exc
-            raise
+            mapped = self._failed(run, exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
         chunks = ChatChunks(call.request_id, call.target)
         frames = self._relay(run, deadline, decoder, chunks, ready, ended, include_usage(call.body))
 
@@ -319,9 +325,7 @@ class CliExecutor:
                 yield chunks.usage(decoder.usage)
             yield DONE_FRAME
         except BaseException as exc:
-            run.abort()
-            if isinstance(exc, TimeoutError):
-                raise self._timeout() from exc
-            if isinstance(exc, MalformedOutput):
-                raise self._malformed(run, exc) from exc
-            raise
+            mapped = self._failed(run, exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc

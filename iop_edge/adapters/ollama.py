@@ -57,8 +57,8 @@ from iop_edge.adapters.upstream_http import (
     HttpBackend,
     HttpTarget,
     LineReader,
-    error_reply_body,
-    read_capped,
+    post_for_body,
+    post_for_stream,
     redact_url,
     upstream_error,
 )
@@ -170,69 +170,42 @@ class OllamaExecutor:
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """Ask for a whole answer and return it as a ``chat.completion``."""
         url, payload = self._prepare(call)
-        headers = self._target.request_headers(call.headers)
-        deadline = self._target.deadline()
-        session = self._backend.session()
-        response: aiohttp.ClientResponse | None = None
-        finished = False
+        got = await post_for_body(self._backend, self._target, url, payload, call.headers)
+        if isinstance(got, UpstreamReply):
+            return got
         try:
-            async with asyncio.timeout_at(deadline):
-                response = await session.post(url, data=payload, headers=headers)
-                if not 200 <= response.status < 300:
-                    body = await error_reply_body(response, self._target.label)
-                    finished = True
-                    return UpstreamReply(response.status, body, Usage())
-                raw = await read_capped(response)
-            finished = True
-            answer = orjson.loads(raw)
+            answer = orjson.loads(got)
             message = answer.get("message") if isinstance(answer, dict) else None
             if not isinstance(message, dict) or not isinstance(message.get("content"), str):
                 raise self._broken(url, "the answer has no message.content")
-            usage = Usage()
-            _read_counts(answer, usage)
-            thinking = message.get("thinking")
-            reply = chat_completion(
-                call.request_id,
-                call.target,
-                message["content"],
-                _finish_reason(answer.get("done_reason")),
-                usage,
-                reasoning=thinking if isinstance(thinking, str) else None,
-            )
-            return UpstreamReply(200, reply, usage)
         except Exception as exc:
             raise upstream_error(self._target, url, exc) from exc
-        finally:
-            if response is not None:
-                (response.release if finished else response.close)()
+        usage = Usage()
+        _read_counts(answer, usage)
+        thinking = message.get("thinking")
+        reply = chat_completion(
+            call.request_id,
+            call.target,
+            message["content"],
+            _finish_reason(answer.get("done_reason")),
+            usage,
+            reasoning=thinking if isinstance(thinking, str) else None,
+        )
+        return UpstreamReply(200, reply, usage)
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
         """Ask for a streamed answer; once Ollama answers 200, translate its NDJSON lines."""
         url, payload = self._prepare(call)
-        headers = self._target.request_headers(call.headers)
-        deadline = self._target.deadline()
-        session = self._backend.session()
-        response: aiohttp.ClientResponse | None = None
-        try:
-            async with asyncio.timeout_at(deadline):
-                response = await session.post(url, data=payload, headers=headers)
-                if not 200 <= response.status < 300:
-                    body = await error_reply_body(response, self._target.label)
-                    response.release()
-                    return UpstreamReply(response.status, body, Usage())
-        except BaseException as exc:
-            if response is not None:
-                response.close()
-            if isinstance(exc, Exception):
-                raise upstream_error(self._target, url, exc) from exc
-            raise
+        opened = await post_for_stream(self._backend, self._target, url, payload, call.headers)
+        if isinstance(opened, UpstreamReply):
+            return opened
+        response, deadline = opened
         usage = Usage()
         chunks = ChatChunks(call.request_id, call.target)
         frames = self._relay(response, url, deadline, usage, chunks, include_usage(call.body))
-        opened = response
 
         async def close() -> None:
-            opened.close()
+            response.close()
             with contextlib.suppress(RuntimeError):  # see OpenAICompatExecutor.open_stream
                 await frames.aclose()
 

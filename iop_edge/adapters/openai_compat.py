@@ -44,8 +44,8 @@ from iop_edge.adapters.upstream_http import (
     HttpBackend,
     HttpTarget,
     LineReader,
-    error_reply_body,
-    read_capped,
+    post_for_body,
+    post_for_stream,
     redact_url,
     upstream_error,
 )
@@ -101,67 +101,39 @@ class OpenAICompatExecutor:
         """POST the call and return the upstream's JSON body as is, with its usage."""
         url = self._url(call.endpoint)
         payload, _ = self._payload(call)
-        headers = self._target.request_headers(call.headers)
-        deadline = self._target.deadline()
-        session = self._backend.session()
-        response: aiohttp.ClientResponse | None = None
-        finished = False
+        got = await post_for_body(self._backend, self._target, url, payload, call.headers)
+        if isinstance(got, UpstreamReply):
+            return got
         try:
-            async with asyncio.timeout_at(deadline):
-                response = await session.post(url, data=payload, headers=headers)
-                if not 200 <= response.status < 300:
-                    body = await error_reply_body(response, self._target.label)
-                    finished = True
-                    return UpstreamReply(response.status, body, Usage())
-                raw = await read_capped(response)
-            parsed = orjson.loads(raw)
+            parsed = orjson.loads(got)
             if not isinstance(parsed, dict):
                 raise self._broken(url, "the response is a JSON value but not an object")
-            usage = Usage()
-            read_usage(parsed.get("usage"), usage)
-            finished = True
-            return UpstreamReply(response.status, raw, usage)
         except Exception as exc:
             raise upstream_error(self._target, url, exc) from exc
-        finally:
-            if response is not None:
-                # release() pools a connection whose body was read to the end, close() aborts
-                # it: the upstream sees a cancelled client go away at once.
-                (response.release if finished else response.close)()
+        usage = Usage()
+        read_usage(parsed.get("usage"), usage)
+        return UpstreamReply(200, got, usage)
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
         """POST the call; once the upstream answers 200, relay its SSE events as frames."""
         url = self._url(call.endpoint)
         payload, hide_usage = self._payload(call)
-        headers = self._target.request_headers(call.headers)
-        deadline = self._target.deadline()
-        session = self._backend.session()
-        response: aiohttp.ClientResponse | None = None
-        try:
-            async with asyncio.timeout_at(deadline):
-                response = await session.post(url, data=payload, headers=headers)
-                if not 200 <= response.status < 300:
-                    body = await error_reply_body(response, self._target.label)
-                    response.release()
-                    return UpstreamReply(response.status, body, Usage())
-            if response.content_type == "application/json":
-                raise AdapterError(
-                    "upstream_error",
-                    f"{self._target.label} at POST {redact_url(url)} answered a streaming "
-                    "request with a JSON body instead of an event stream",
-                )
-        except BaseException as exc:
-            if response is not None:
-                response.close()
-            if isinstance(exc, Exception):
-                raise upstream_error(self._target, url, exc) from exc
-            raise
+        opened = await post_for_stream(self._backend, self._target, url, payload, call.headers)
+        if isinstance(opened, UpstreamReply):
+            return opened
+        response, deadline = opened
+        if response.content_type == "application/json":
+            response.close()
+            raise AdapterError(
+                "upstream_error",
+                f"{self._target.label} at POST {redact_url(url)} answered a streaming "
+                "request with a JSON body instead of an event stream",
+            )
         usage = Usage()
         frames = self._relay(response, url, deadline, usage, hide_usage)
-        opened = response
 
         async def close() -> None:
-            opened.close()
+            response.close()
             # Runs the generator's cleanup if it is suspended; one running in another task
             # fails on its own now that the connection is closed.
             with contextlib.suppress(RuntimeError):

@@ -26,6 +26,7 @@ import orjson
 from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from iop_edge.adapters.base import UpstreamReply, Usage
 from iop_edge.errors import AdapterError
 
 __all__ = [
@@ -260,3 +261,59 @@ async def read_capped_prefix(response: aiohttp.ClientResponse, limit: int) -> by
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)[:limit]
+
+
+async def post_for_body(
+    backend: HttpBackend, target: HttpTarget, url: str, payload: bytes, extra: Mapping[str, str]
+) -> bytes | UpstreamReply:
+    """POST ``payload`` and read the whole 2xx body; an upstream error status comes back as an
+    :class:`UpstreamReply` in the OpenAI envelope. Failures raise the mapped AdapterError.
+
+    Whatever happens the response is let go: a body read to the end goes back to the pool,
+    anything else (a cancelled caller, a timeout) aborts the connection, so the upstream sees
+    the client leave at once.
+    """
+    response: aiohttp.ClientResponse | None = None
+    finished = False
+    try:
+        async with asyncio.timeout_at(target.deadline()):
+            response = await backend.session().post(
+                url, data=payload, headers=target.request_headers(extra)
+            )
+            if not 200 <= response.status < 300:
+                body = await error_reply_body(response, target.label)
+                finished = True
+                return UpstreamReply(response.status, body, Usage())
+            raw = await read_capped(response)
+        finished = True
+        return raw
+    except Exception as exc:
+        raise upstream_error(target, url, exc) from exc
+    finally:
+        if response is not None:
+            (response.release if finished else response.close)()
+
+
+async def post_for_stream(
+    backend: HttpBackend, target: HttpTarget, url: str, payload: bytes, extra: Mapping[str, str]
+) -> tuple[aiohttp.ClientResponse, float] | UpstreamReply:
+    """POST ``payload`` for a streamed answer: the open 2xx response (the caller reads and closes
+    it) with the call's deadline, or the upstream's error status as an :class:`UpstreamReply`."""
+    deadline = target.deadline()
+    response: aiohttp.ClientResponse | None = None
+    try:
+        async with asyncio.timeout_at(deadline):
+            response = await backend.session().post(
+                url, data=payload, headers=target.request_headers(extra)
+            )
+            if not 200 <= response.status < 300:
+                body = await error_reply_body(response, target.label)
+                response.release()
+                return UpstreamReply(response.status, body, Usage())
+    except BaseException as exc:
+        if response is not None:
+            response.close()
+        if isinstance(exc, Exception):
+            raise upstream_error(target, url, exc) from exc
+        raise
+    return response, deadline

@@ -1,4 +1,5 @@
-"""The scheduler core is sans-IO: ``iop_edge/pool/`` imports no I/O or clock module, calls no clock.
+"""The pure core stays pure (STYLE.md): ``iop_edge/config/`` and ``iop_edge/pool/`` import no
+I/O, network, metrics or clock module and never read the clock or open a file.
 
 Checked on the source with ``ast``, so it also holds for code paths no test runs.
 """
@@ -8,9 +9,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+import iop_edge.config
 import iop_edge.pool
 
 POOL_DIR = Path(iop_edge.pool.__file__).parent
+PURE_DIRS = (Path(iop_edge.config.__file__).parent, POOL_DIR)
 
 FORBIDDEN_MODULES = frozenset(
     {
@@ -25,10 +30,13 @@ FORBIDDEN_MODULES = frozenset(
         "prometheus_client",
         "selectors",
         "socket",
+        "structlog",
+        "subprocess",
         "threading",
         "time",
         "trio",
         "uvloop",
+        "watchfiles",
     }
 )
 CLOCK_CALLS = frozenset(
@@ -65,10 +73,13 @@ def test_pool_package_has_modules_to_check() -> None:
     assert {"__init__.py", "policy.py", "scheduler.py"} <= names
 
 
-def test_pool_imports_no_io_or_clock_module_and_never_reads_the_clock() -> None:
+@pytest.mark.parametrize("package", PURE_DIRS, ids=lambda p: p.name)
+def test_pure_packages_import_no_io_or_clock_module_and_never_read_the_clock(
+    package: Path,
+) -> None:
     problems = [
         problem
-        for path in sorted(POOL_DIR.glob("*.py"))
+        for path in sorted(package.glob("*.py"))
         for problem in impurities(path.read_text(encoding="utf-8"), path.name)
     ]
     assert problems == []
