@@ -29,7 +29,7 @@ from iop_edge.api.catalog import build_catalog, pool_policy
 from iop_edge.api.server import Executors, OpenAIServer
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
-from iop_edge.logs import get_logger
+from iop_edge.logs import flush_logs, get_logger
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.seams import Clock
 from iop_edge.supervisor import Supervisor, SupervisorOptions, status_line
@@ -205,6 +205,7 @@ class Daemon:
         stats = self.scheduler.statistics()
         self.log.info("stopped", in_flight=stats.in_flight, queued=stats.queue_depth)
         self.notifier.close()
+        flush_logs()
 
     async def run(self, *, hup_pending: bool = False) -> int:
         """Serve until SIGTERM or SIGINT, then drain and stop; returns the exit code.

@@ -225,8 +225,10 @@ class OllamaExecutor:
         try:
             yield chunks.role()
             while True:
-                async with asyncio.timeout_at(deadline):
-                    line = await lines.readline()
+                line = lines.buffered_line()
+                if line is None:  # wait for the network, within the exchange's deadline
+                    async with asyncio.timeout_at(deadline):
+                        line = await lines.readline()
                 if not line:
                     raise self._broken(url, 'the stream ended before the "done": true line')
                 line = line.strip()

@@ -154,8 +154,10 @@ class OpenAICompatExecutor:
         lines = LineReader(response)
         try:
             while True:
-                async with asyncio.timeout_at(deadline):
-                    line = await lines.readline()
+                line = lines.buffered_line()
+                if line is None:  # wait for the network, within the exchange's deadline
+                    async with asyncio.timeout_at(deadline):
+                        line = await lines.readline()
                 if not line:
                     raise self._broken(url, "the stream ended before data: [DONE]")
                 line = line.rstrip(b"\r\n")

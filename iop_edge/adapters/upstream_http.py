@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -25,6 +26,7 @@ import aiohttp
 import orjson
 from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from iop_edge.adapters.base import UpstreamReply, Usage
 from iop_edge.errors import AdapterError
@@ -65,6 +67,13 @@ def redact_url(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+@functools.lru_cache(maxsize=4096)
+def parsed_url(url: str) -> URL:
+    """``url`` parsed once: an executor posts to the same few URLs for its whole life, and
+    aiohttp would parse a string on every request."""
+    return URL(url)
 
 
 class HttpBackend:
@@ -123,12 +132,13 @@ class HttpTarget:
             )
         return f"{self.base_url}/{path.lstrip('/')}"
 
-    def request_headers(self, extra: Mapping[str, str]) -> CIMultiDict[str]:
+    def request_headers(self, extra: Mapping[str, str]) -> CIMultiDictProxy[str] | CIMultiDict[str]:
         """Content-Type, then the configured ``headers``, then the call's (later wins)."""
+        if not extra:
+            return self.headers  # the common case: no per-call copy
         merged: CIMultiDict[str] = CIMultiDict(self.headers)
-        if extra:
-            for name, value in extra.items():
-                merged[name] = value
+        for name, value in extra.items():
+            merged[name] = value
         return merged
 
     def deadline(self) -> float:
@@ -196,6 +206,19 @@ class LineReader:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._content = response.content
         self._buffer = bytearray()
+
+    def buffered_line(self) -> bytes | None:
+        """The next line if it has already arrived (no waiting), else ``None``.
+
+        Relays try this first and arm a timeout only when they must wait for the network:
+        a timer per line was a fifth of the CPU of a streamed request."""
+        buffer = self._buffer
+        end = buffer.find(b"\n")
+        if end < 0:
+            return None
+        line = bytes(buffer[: end + 1])
+        del buffer[: end + 1]
+        return line
 
     async def readline(self) -> bytes:
         """The next line with its ``\\n`` (the last one may lack it); ``b""`` at the end."""
@@ -278,7 +301,7 @@ async def post_for_body(
     try:
         async with asyncio.timeout_at(target.deadline()):
             response = await backend.session().post(
-                url, data=payload, headers=target.request_headers(extra)
+                parsed_url(url), data=payload, headers=target.request_headers(extra)
             )
             if not 200 <= response.status < 300:
                 body = await error_reply_body(response, target.label)
@@ -304,7 +327,7 @@ async def post_for_stream(
     try:
         async with asyncio.timeout_at(deadline):
             response = await backend.session().post(
-                url, data=payload, headers=target.request_headers(extra)
+                parsed_url(url), data=payload, headers=target.request_headers(extra)
             )
             if not 200 <= response.status < 300:
                 body = await error_reply_body(response, target.label)

@@ -325,26 +325,27 @@ class OpenAIServer:
                     "Cache-Control": "no-cache",
                 },
             )
-            await response.prepare(request)
-            record.status = 200
             try:
-                async for frame in stream.frames:
-                    if record.time_to_first_token is None:
-                        record.time_to_first_token = self.clock.now() - record.started
-                    await response.write(frame)
-            except AdapterError as exc:
-                # Headers are gone: the failure travels in the stream, as OpenAI sends it.
-                record.code, record.error = exc.code, str(exc)
-                record.upstream_failure = exc.code
-                message = client_message(exc, record.provider)
-                error = envelope(message, exc.code, status=exc.status)
-                await response.write(b"data: " + error + b"\n\n")
+                await response.prepare(request)
+                record.status = 200
+                try:
+                    async for frame in stream.frames:
+                        if record.time_to_first_token is None:
+                            record.time_to_first_token = self.clock.now() - record.started
+                        await response.write(frame)
+                except AdapterError as exc:
+                    # Headers are gone: the failure travels in the stream, as OpenAI sends it.
+                    record.code, record.error = exc.code, str(exc)
+                    record.upstream_failure = exc.code
+                    message = client_message(exc, record.provider)
+                    error = envelope(message, exc.code, status=exc.status)
+                    await response.write(b"data: " + error + b"\n\n")
+                await response.write_eof()
             except ConnectionResetError:
-                record.code = "client_gone"
-                return response
+                # The client left (before or during the stream): nothing more can be sent.
+                record.status, record.code = 499, "client_gone"
             finally:
                 record.usage = stream.usage
-            await response.write_eof()
             return response
 
     def _finish(self, record: RequestRecord) -> None:
