@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= configs/edge.yaml
 
-.PHONY: run test lint bench setup clean
+.PHONY: run test lint bench bench-peers setup clean
 
 # Create the venv when missing and (re)install the project when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -29,6 +29,19 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+LITELLM_VENV := bench/.venv-litellm
+
+# The peers of the side-by-side proxy benchmark: LiteLLM proxy in its own venv (git-ignored),
+# and wrk as the load generator when apt can install it (the bench falls back to a Python client).
+bench-peers:
+	@test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	@echo '*' > $(LITELLM_VENV)/.gitignore
+	$(LITELLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LITELLM_VENV)/bin/python -m pip install --quiet 'litellm[proxy]'
+	@command -v wrk >/dev/null || (apt-get install -y -qq wrk >/dev/null 2>&1 || \
+		(apt-get update -qq && apt-get install -y -qq wrk) >/dev/null 2>&1) || \
+		echo "note: wrk could not be installed; the proxy bench uses its Python client"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

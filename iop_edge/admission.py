@@ -42,9 +42,18 @@ class MonotonicClock:
     timers agree under any loop implementation (uvloop included). Must be used from the loop.
     """
 
+    __slots__ = ("_loop",)
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
     def now(self) -> float:
         """The event loop's monotonic time in seconds."""
-        return asyncio.get_running_loop().time()
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            # Looked up once: the request path reads the clock several times per request.
+            loop = self._loop = asyncio.get_running_loop()
+        return loop.time()
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Callable[[], None]:
         """Run ``callback`` on the loop once its time reaches ``when``; return its canceller."""

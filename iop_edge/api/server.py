@@ -14,9 +14,9 @@ the lease is released on the way out.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -358,7 +358,7 @@ def _request_id(request: web.Request) -> str:
     given = request.headers.get("x-request-id")
     if given is not None and _REQUEST_ID_RE.match(given):
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
 
 
 def _ids(record: RequestRecord) -> dict[str, str]:

@@ -1,0 +1,558 @@
+"""The processes a proxy benchmark runs, and how they are started, pinned, measured and stopped.
+
+- :class:`BenchProcess`: one subprocess in its own process group, optionally pinned to CPU
+  cores with ``taskset``, its output in a log file; :meth:`BenchProcess.stop` ends the whole
+  group (SIGTERM, SIGKILL after a grace period). :func:`tree_rss_kib` and
+  :func:`tree_cpu_seconds` read ``/proc`` for the process and its descendants.
+- :class:`ProcessSet`: every process started so far, stopped in reverse order on exit (also on
+  Ctrl-C and errors), so a benchmark never leaves anything behind.
+- Launchers for each target: the fake upstream (:func:`start_fake`), ``iop-edge serve`` on a
+  generated config (:func:`edge_config`, :func:`start_edge`), the bare pass-through
+  (:func:`start_passthrough`) and LiteLLM proxy (:func:`start_litellm`, skipped with a reason
+  when ``bench/.venv-litellm`` is missing or it does not come up).
+
+Everything listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import resource
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+VENV_BIN = Path(sys.executable).parent
+LITELLM_VENV = BENCH / ".venv-litellm"
+LITELLM_BIN = LITELLM_VENV / "bin" / "litellm"
+MODEL = "bench-model"
+"""The model name every target is asked for (an iop-edge model group, a LiteLLM model_name)."""
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def have_taskset() -> bool:
+    """Whether ``taskset`` exists and this machine has at least two cores to split."""
+    return shutil.which("taskset") is not None and len(os.sched_getaffinity(0)) >= 2
+
+
+def _raise_fd_limit() -> None:
+    # Runs in the child before exec: the 10,000-pending run holds >10,000 sockets per process.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else 65536
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(target, 65536), hard))
+    os.setpgrp()  # own process group: stop() can end the process and all of its children
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                text = Path(f"/proc/{pid}/task/{task}/children").read_text()
+                found.extend(int(child) for child in text.split())
+    return found
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every descendant still alive."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        if os.path.exists(f"/proc/{current}"):
+            tree.append(current)
+            todo.extend(_children(current))
+    return tree
+
+
+def tree_rss_kib(pid: int) -> int:
+    """Sum of VmRSS (KiB) over ``pid`` and its descendants (0 when gone)."""
+    total = 0
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{member}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by ``pid`` and its live descendants."""
+    ticks = 0
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = Path(f"/proc/{member}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return ticks / _CLK_TCK
+
+
+@dataclass
+class BenchProcess:
+    """A subprocess in its own process group, pinned with taskset when ``cores`` is given."""
+
+    name: str
+    argv: Sequence[str]
+    log_path: Path
+    cores: str | None = None
+    env: dict[str, str] | None = None
+    stdout_pipe: bool = False
+    popen: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _log: IO[bytes] | None = field(default=None, init=False)
+
+    @property
+    def command(self) -> list[str]:
+        """The argv actually run (with the taskset prefix when pinned)."""
+        prefix = ["taskset", "-c", self.cores] if self.cores is not None else []
+        return [*prefix, *self.argv]
+
+    def start(self) -> Self:
+        """Start the process; its stderr (and stdout unless piped) go to ``log_path``."""
+        self._log = self.log_path.open("wb")
+        self.popen = subprocess.Popen(
+            self.command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if self.stdout_pipe else self._log,
+            stderr=self._log,
+            env={**os.environ, **(self.env or {})},
+            cwd=ROOT,
+            preexec_fn=_raise_fd_limit,
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        """The process id (taskset execs the program, so it is the program's pid)."""
+        if self.popen is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self.popen is not None and self.popen.poll() is None
+
+    def read_line(self, timeout: float) -> str:
+        """Read one stdout line (needs ``stdout_pipe``) within ``timeout`` seconds."""
+        assert self.popen is not None
+        assert self.popen.stdout is not None
+        import selectors
+
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.popen.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout):
+                raise TimeoutError(f"{self.name} printed nothing within {timeout:.0f} s")
+        return self.popen.stdout.readline().decode().strip()
+
+    def log_tail(self, limit: int = 1500) -> str:
+        """The end of the process's log, for error messages."""
+        with contextlib.suppress(OSError):
+            return self.log_path.read_bytes()[-limit:].decode(errors="replace")
+        return ""
+
+    def rss_kib(self) -> int:
+        """Resident memory of the process tree, KiB."""
+        return tree_rss_kib(self.pid) if self.alive() else 0
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by the process tree."""
+        return tree_cpu_seconds(self.pid) if self.alive() else 0.0
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace`` seconds; idempotent."""
+        popen = self.popen
+        if popen is None:
+            return
+        if popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGTERM)
+            try:
+                popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait(5)
+        # A daemon may leave children in its group after it exits: end them too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        if popen.stdout is not None:
+            popen.stdout.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class ProcessSet:
+    """Every process a benchmark started; all are stopped (newest first) on exit."""
+
+    def __init__(self) -> None:
+        self._processes: list[BenchProcess] = []
+
+    def start(self, process: BenchProcess) -> BenchProcess:
+        """Start ``process`` and remember it."""
+        self._processes.append(process)
+        return process.start()
+
+    def stop(self, process: BenchProcess) -> None:
+        """Stop one process now."""
+        process.stop()
+        with contextlib.suppress(ValueError):
+            self._processes.remove(process)
+
+    def stop_all(self) -> None:
+        """Stop every remaining process, newest first."""
+        while self._processes:
+            self._processes.pop().stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop_all()
+
+
+def wait_http(
+    url: str, process: BenchProcess, timeout: float, headers: dict[str, str] | None = None
+) -> None:
+    """Poll ``url`` until it answers 2xx; raise if the process dies or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if not process.alive():
+            raise RuntimeError(f"{process.name} exited early:\n{process.log_tail()}")
+        try:
+            request = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(request, timeout=2) as response:
+                if 200 <= response.status < 300:
+                    return
+                last = f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}"
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.1)
+    raise TimeoutError(f"{process.name} not ready at {url} after {timeout:.0f} s ({last})")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A running thing to send load to: base URL (``.../v1``), bearer token and its process."""
+
+    name: str
+    base_url: str
+    process: BenchProcess | None
+    token: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def start_fake(
+    processes: ProcessSet, workdir: Path, cores: str | None, behavior: str = "chunks=16"
+) -> Target:
+    """Start the fake OpenAI upstream (``iop_edge.testing.fake_openai``) and read its URL."""
+    process = processes.start(
+        BenchProcess(
+            "fake-upstream",
+            [
+                sys.executable,
+                "-m",
+                "iop_edge.testing.fake_openai",
+                "--port",
+                "0",
+                "--behavior",
+                behavior,
+                "--model",
+                MODEL,
+            ],
+            workdir / "fake-upstream.log",
+            cores=cores,
+            stdout_pipe=True,
+        )
+    )
+    base_url = process.read_line(timeout=30)
+    if not base_url.startswith("http://127.0.0.1:"):
+        raise RuntimeError(f"fake upstream printed {base_url!r}:\n{process.log_tail()}")
+    return Target("direct", base_url, process, detail={"behavior": behavior})
+
+
+def new_principal_token() -> tuple[str, str]:
+    """A random bearer token and its SHA-256 hex digest (what the config stores)."""
+    token = "iop-bench-" + secrets.token_urlsafe(24)
+    return token, hashlib.sha256(token.encode()).hexdigest()
+
+
+def edge_config(
+    upstream: str,
+    *,
+    port: int,
+    token_hash: str,
+    log_level: str = "info",
+    providers: int = 1,
+    capacity: int = 1024,
+    max_queue: int = 100_000,
+    held_group: bool = False,
+) -> dict[str, Any]:
+    """An iop-edge config: ``providers`` openai_compat providers on the fake, in group MODEL.
+
+    Auth is on (one principal token), metrics on (on a free port; the listener may not exist
+    yet), the console off. ``held_group`` adds a model group ``bench-held`` served by one
+    provider of capacity 1 on the same upstream, used to park pending requests in the queue.
+    """
+    provider_ids = [f"p{index:04d}" for index in range(providers)]
+    provider_entries: list[dict[str, Any]] = [
+        {
+            "id": pid,
+            "type": "openai_compat",
+            "category": "local_inference",
+            "adapter": "fake",
+            "models": [MODEL],
+            "capacity": capacity,
+        }
+        for pid in provider_ids
+    ]
+    models: list[dict[str, Any]] = [
+        {"id": MODEL, "context_window_tokens": 131072, "providers": provider_ids}
+    ]
+    if held_group:
+        provider_entries.append(
+            {
+                "id": "held",
+                "type": "openai_compat",
+                "category": "local_inference",
+                "adapter": "fake",
+                "models": [MODEL],
+                "capacity": 1,
+            }
+        )
+        models.append(
+            {
+                "id": "bench-held",
+                "context_window_tokens": 131072,
+                "providers": [{"id": "held", "target": MODEL}],
+            }
+        )
+    return {
+        "edge": {"id": "edge-bench"},
+        "logging": {"level": log_level, "format": "json"},
+        "metrics": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
+        "console": {"enabled": False},
+        "openai": {
+            "listen": f"127.0.0.1:{port}",
+            "principal_tokens": [
+                {
+                    "token_ref": "bench",
+                    "token_hash_sha256": token_hash,
+                    "principal_ref": "bench",
+                }
+            ],
+        },
+        "provider_pool": {"max_queue": max_queue, "queue_timeout_ms": 0},
+        "models": models,
+        "nodes": [
+            {
+                "id": "bench-node",
+                "adapters": [{"name": "fake", "type": "openai_compat", "base_url": upstream}],
+                "providers": provider_entries,
+            }
+        ],
+    }
+
+
+def start_edge(
+    processes: ProcessSet,
+    workdir: Path,
+    cores: str | None,
+    config: dict[str, Any],
+    token: str,
+    name: str = "iop-edge",
+) -> Target:
+    """Write ``config`` and run ``iop-edge serve --config`` on it; wait for ``/readyz``."""
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    listen = config["openai"]["listen"]
+    process = processes.start(
+        BenchProcess(
+            name,
+            [str(VENV_BIN / "iop-edge"), "serve", "--config", str(path)],
+            workdir / f"{name}.log",
+            cores=cores,
+        )
+    )
+    wait_http(f"http://{listen}/readyz", process, timeout=60)
+    return Target(
+        name,
+        f"http://{listen}/v1",
+        process,
+        token=token,
+        detail={"config": str(path), "log_level": config["logging"]["level"]},
+    )
+
+
+def start_passthrough(
+    processes: ProcessSet, workdir: Path, cores: str | None, upstream: str
+) -> Target:
+    """Run ``bench/passthrough.py`` in front of ``upstream``; wait for it to answer."""
+    port = free_port()
+    origin = upstream.removesuffix("/v1")
+    process = processes.start(
+        BenchProcess(
+            "passthrough",
+            [
+                sys.executable,
+                str(BENCH / "passthrough.py"),
+                "--upstream",
+                origin,
+                "--port",
+                str(port),
+            ],
+            workdir / "passthrough.log",
+            cores=cores,
+        )
+    )
+    wait_http(f"http://127.0.0.1:{port}/v1/models", process, timeout=30)
+    return Target("passthrough", f"http://127.0.0.1:{port}/v1", process)
+
+
+def litellm_version() -> str | None:
+    """The installed LiteLLM version in ``bench/.venv-litellm``, or None."""
+    python = LITELLM_VENV / "bin" / "python"
+    if not python.exists():
+        return None
+    result = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    return result.stdout.strip() or None
+
+
+def start_litellm(
+    processes: ProcessSet, workdir: Path, cores: str | None, upstream: str
+) -> Target | str:
+    """Run LiteLLM proxy (one worker, no database, master key on) in front of ``upstream``.
+
+    Returns the target, or the reason it is skipped.
+    """
+    if not LITELLM_BIN.exists():
+        return f"{LITELLM_BIN.relative_to(ROOT)} is missing (run `make bench-peers`)"
+    version = litellm_version()
+    port = free_port()
+    master_key = "sk-bench-" + secrets.token_hex(12)
+    config = {
+        "model_list": [
+            {
+                "model_name": MODEL,
+                "litellm_params": {
+                    "model": f"openai/{MODEL}",
+                    "api_base": upstream,
+                    "api_key": "unused",
+                },
+            }
+        ],
+        "general_settings": {"master_key": master_key},
+        "litellm_settings": {"telemetry": False},
+    }
+    path = workdir / "litellm.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    env = {
+        "LITELLM_TELEMETRY": "False",
+        "DISABLE_SCHEMA_UPDATE": "True",
+        "DATABASE_URL": "",
+        "NO_DOCS": "True",
+    }
+    env_clean = {key: value for key, value in env.items() if value}
+    process = processes.start(
+        BenchProcess(
+            "litellm",
+            [
+                str(LITELLM_BIN),
+                "--config",
+                str(path),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--num_workers",
+                "1",
+            ],
+            workdir / "litellm.log",
+            cores=cores,
+            env=env_clean,
+        )
+    )
+    try:
+        wait_http(
+            f"http://127.0.0.1:{port}/v1/models",
+            process,
+            timeout=180,
+            headers={"Authorization": f"Bearer {master_key}"},
+        )
+    except (RuntimeError, TimeoutError) as exc:
+        processes.stop(process)
+        return f"LiteLLM did not start: {exc}"
+    return Target(
+        "litellm",
+        f"http://127.0.0.1:{port}/v1",
+        process,
+        token=master_key,
+        detail={"version": version, "workers": 1, "database": None},
+    )
+
+
+def run_json(argv: Sequence[str], cores: str | None, timeout: float) -> dict[str, Any]:
+    """Run a helper (the load generator) pinned to ``cores``; parse the JSON it prints."""
+    import json
+
+    prefix = ["taskset", "-c", cores] if cores is not None else []
+    result = subprocess.run(
+        [*prefix, *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        cwd=ROOT,
+        preexec_fn=_raise_fd_limit,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{argv[1]} failed ({result.returncode}):\n{result.stderr[-2000:]}")
+    parsed: dict[str, Any] = json.loads(result.stdout)
+    return parsed
+
+
+def sample_cpu(process: BenchProcess | None) -> Callable[[], float]:
+    """Start measuring the CPU seconds ``process`` uses; call the result to read the delta."""
+    if process is None:
+        return lambda: 0.0
+    before = process.cpu_seconds()
+    return lambda: process.cpu_seconds() - before
