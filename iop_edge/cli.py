@@ -203,7 +203,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from iop_edge.logs import configure_logging
 
         configure_logging(config.logging.level, config.logging.format)
-        daemon = Daemon(config, config_path=Path(args.config), drain_timeout=args.drain_timeout)
+        daemon = Daemon(
+            config,
+            config_path=Path(args.config),
+            drain_timeout=args.drain_timeout,
+            freeze_gc=True,
+        )
         import uvloop
 
         return uvloop.run(daemon.run(hup_pending=bool(hup)))
