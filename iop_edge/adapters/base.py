@@ -160,10 +160,12 @@ class UnsupportedRequestError(AdapterError):
     not serve (``completions`` on ``ollama`` / ``cli``) or a request it cannot translate
     (no ``messages`` list, an image given by URL to Ollama). ``code`` is
     ``invalid_request_error`` and ``status`` 400: map it like a bad field of the request — it
-    is the client's request, not the upstream, that cannot be served."""
+    is the client's request, not the upstream, that cannot be served. ``param`` names the
+    offending field when there is one."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__("invalid_request_error", message, status=400)
+        self.param = param
 
 
 class Backend(Protocol):

@@ -45,7 +45,28 @@ def dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value)
     except orjson.JSONEncodeError:
+        pass
+    try:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    except (RecursionError, ValueError) as exc:
+        culprit = _unencodable_field(value)
+        raise UnsupportedRequestError(
+            f"The request cannot be forwarded: {culprit or 'the body'} is nested too deeply "
+            "to encode.",
+            param=culprit,
+        ) from exc
+
+
+def _unencodable_field(value: Any) -> str | None:
+    """The top-level field that makes ``value`` impossible to encode (on the failure path)."""
+    if not isinstance(value, dict):
+        return None
+    for key, item in value.items():
+        try:
+            json.dumps(item)
+        except (RecursionError, ValueError):
+            return str(key)
+    return None
 
 
 def _count(value: object) -> int | None:

@@ -56,7 +56,7 @@ def describe(exc: IopEdgeError) -> tuple[int, str, str | None]:
     if isinstance(exc, AdmissionError):
         return _ADMISSION_STATUS.get(exc.reason, 503), exc.reason, None
     if isinstance(exc, AdapterError):
-        return exc.status, exc.code, None
+        return exc.status, exc.code, getattr(exc, "param", None)
     return 500, "internal_error", None
 
 

@@ -65,6 +65,12 @@ def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
                     f"'messages[{index}]' must be an object with a string 'role'.",
                     f"messages[{index}]",
                 )
+            calls = message.get("tool_calls")
+            if calls is not None and not isinstance(calls, list):
+                raise _bad(
+                    f"'messages[{index}].tool_calls' must be an array, not {calls!r:.40}.",
+                    f"messages[{index}].tool_calls",
+                )
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list):
@@ -103,7 +109,10 @@ def estimate_input_tokens(body: dict[str, Any], endpoint: Endpoint) -> int:
                 total += _text_bytes(call["function"].get("arguments"))
     tools = body.get("tools")
     if tools:
-        total += len(orjson.dumps(tools))
+        try:
+            total += len(orjson.dumps(tools))
+        except orjson.JSONEncodeError:
+            raise _bad("'tools' is nested too deeply (more than 254 levels).", "tools") from None
     return -(-total // 4) + PER_MESSAGE_TOKENS * len(messages)
 
 

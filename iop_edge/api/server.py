@@ -222,6 +222,18 @@ class OpenAIServer:
         except asyncio.CancelledError:
             record.status, record.code = 499, "client_gone"
             raise
+        except Exception as exc:
+            # A bug, not a client's fault: answer in the OpenAI envelope, log the traceback.
+            record.status, record.code, record.error = 500, "internal_error", repr(exc)
+            self.log.exception("request_failed", request_id=record.request_id)
+            return _error_response(
+                IopEdgeError(
+                    "The edge failed to handle this request; its log has the details "
+                    "under this request's x-request-id."
+                ),
+                record.request_id,
+                record.provider,
+            )
         finally:
             record.duration = self.clock.now() - record.started
             self._finish(record)

@@ -441,3 +441,21 @@ async def test_parallel_requests_never_exceed_capacity_upstream(fake_oa, fake_ol
     assert fake_oa.max_in_flight == 2
     assert (stats.admitted, stats.released, stats.in_flight, stats.queue_depth) == (12, 12, 0, 0)
     assert stats.rejected["queue_full"] == 1
+
+
+async def test_an_unexpected_failure_is_a_500_envelope_and_releases_the_slot(
+    edge, client, log_stream, monkeypatch
+):
+    executor = edge.executors.provider("n1", "up")
+
+    async def broken(call):
+        raise RuntimeError("a bug in the edge")
+
+    monkeypatch.setattr(executor, "complete", broken)
+    with pytest.raises(openai.InternalServerError) as info:
+        await client.chat.completions.create(model="chat-oa", messages=HELLO)
+    assert (info.value.status_code, info.value.code) == (500, "internal_error")
+    assert "a bug in the edge" not in info.value.message  # the details go to the log only
+    assert "a bug in the edge" in log_stream.getvalue()
+    stats = edge.scheduler.statistics()
+    assert (stats.in_flight, stats.released) == (0, 1)
