@@ -104,8 +104,9 @@ class UpstreamReply:
 class UpstreamStream:
     """A streaming result whose status (200) is known before any frame is relayed.
 
-    ``frames`` yields complete SSE frames, ``b"data: {...}\\n\\n"`` in OpenAI chunk format,
-    ending with ``b"data: [DONE]\\n\\n"``; it raises :class:`~iop_edge.errors.AdapterError` on
+    ``frames`` yields bytes holding one or more complete SSE frames, ``b"data: {...}\\n\\n"``
+    in OpenAI chunk format (what arrived together is relayed together, as one write), ending
+    with ``b"data: [DONE]\\n\\n"``; it raises :class:`~iop_edge.errors.AdapterError` on
     a failure mid-stream. ``usage`` is filled in while the frames are consumed.
 
     Always :meth:`aclose` it (or use ``async with``), whether or not the frames were consumed:

@@ -29,7 +29,6 @@ or an end before the ``"done": true`` line raises ``upstream_error`` out of the 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Final
@@ -54,9 +53,11 @@ from iop_edge.adapters.openai_format import (
     require_chat,
 )
 from iop_edge.adapters.upstream_http import (
+    MAX_BATCH_BYTES,
     HttpBackend,
     HttpTarget,
     LineReader,
+    Watchdog,
     post_for_body,
     post_for_stream,
     redact_url,
@@ -222,13 +223,14 @@ class OllamaExecutor:
     ) -> AsyncGenerator[bytes, None]:
         done = False
         lines = LineReader(response)
+        watchdog = Watchdog(response, deadline)
+        ready: list[bytes] = [chunks.role()]  # translated, not yet yielded (see openai_compat)
         try:
-            yield chunks.role()
             while True:
-                line = lines.buffered_line()
-                if line is None:  # wait for the network, within the exchange's deadline
-                    async with asyncio.timeout_at(deadline):
-                        line = await lines.readline()
+                if ready and (not lines.has_line() or sum(map(len, ready)) >= MAX_BATCH_BYTES):
+                    yield b"".join(ready)
+                    ready.clear()
+                line = await lines.readline()
                 if not line:
                     raise self._broken(url, 'the stream ended before the "done": true line')
                 line = line.strip()
@@ -248,23 +250,29 @@ class OllamaExecutor:
                 if isinstance(message, dict):
                     thinking = message.get("thinking")
                     if isinstance(thinking, str) and thinking:
-                        yield chunks.reasoning(thinking)
+                        ready.append(chunks.reasoning(thinking))
                     content = message.get("content")
                     if isinstance(content, str) and content:
-                        yield chunks.content(content)
+                        ready.append(chunks.content(content))
                 if item.get("done") is True:
                     done = True
                     _read_counts(item, usage)
-                    yield chunks.finish(_finish_reason(item.get("done_reason")))
+                    ready.append(chunks.finish(_finish_reason(item.get("done_reason"))))
                     if with_usage:
-                        yield chunks.usage(usage)
-                    yield DONE_FRAME
+                        ready.append(chunks.usage(usage))
+                    ready.append(DONE_FRAME)
+                    yield b"".join(ready)
                     return
-        except AdapterError:
-            raise
         except Exception as exc:
+            if ready:  # what was translated before the failure is still the client's
+                yield b"".join(ready)
+            if watchdog.expired:  # the abort at the deadline caused whatever failed
+                raise upstream_error(self._target, url, TimeoutError()) from exc
+            if isinstance(exc, AdapterError):
+                raise
             raise upstream_error(self._target, url, exc) from exc
         finally:
+            watchdog.cancel()
             (response.release if done else response.close)()
 
     def _broken(self, url: str, reason: str) -> AdapterError:

@@ -24,7 +24,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any, Final
@@ -41,9 +40,11 @@ from iop_edge.adapters.base import (
 )
 from iop_edge.adapters.openai_format import DONE_FRAME, dumps, read_usage
 from iop_edge.adapters.upstream_http import (
+    MAX_BATCH_BYTES,
     HttpBackend,
     HttpTarget,
     LineReader,
+    Watchdog,
     post_for_body,
     post_for_stream,
     redact_url,
@@ -150,14 +151,18 @@ class OpenAICompatExecutor:
         hide_usage: bool,
     ) -> AsyncGenerator[bytes, None]:
         data: list[bytes] = []
+        ready: list[bytes] = []  # frames translated from what has arrived, not yet yielded
         done = False
         lines = LineReader(response)
+        watchdog = Watchdog(response, deadline)
         try:
             while True:
-                line = lines.buffered_line()
-                if line is None:  # wait for the network, within the exchange's deadline
-                    async with asyncio.timeout_at(deadline):
-                        line = await lines.readline()
+                if ready and (not lines.has_line() or sum(map(len, ready)) >= MAX_BATCH_BYTES):
+                    # Relay what arrived together as one write (a write per event was most of
+                    # a streamed request's CPU), then wait for the network.
+                    yield b"".join(ready)
+                    ready.clear()
+                line = await lines.readline()
                 if not line:
                     raise self._broken(url, "the stream ended before data: [DONE]")
                 line = line.rstrip(b"\r\n")
@@ -172,16 +177,22 @@ class OpenAICompatExecutor:
                 data.clear()
                 if event == b"[DONE]":
                     done = True
-                    yield DONE_FRAME
+                    ready.append(DONE_FRAME)
+                    yield b"".join(ready)
                     return
                 frame = self._check(event, url, usage, hide_usage)
                 if frame is not None:
-                    yield frame
-        except AdapterError:
-            raise
+                    ready.append(frame)
         except Exception as exc:
+            if ready:  # what was translated before the failure is still the client's
+                yield b"".join(ready)
+            if watchdog.expired:  # the abort at the deadline caused whatever failed
+                raise upstream_error(self._target, url, TimeoutError()) from exc
+            if isinstance(exc, AdapterError):
+                raise
             raise upstream_error(self._target, url, exc) from exc
         finally:
+            watchdog.cancel()
             (response.release if done else response.close)()
 
     def _check(self, event: bytes, url: str, usage: Usage, hide_usage: bool) -> bytes | None:

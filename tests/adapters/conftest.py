@@ -101,11 +101,18 @@ def reply_json(reply: UpstreamReply | UpstreamStream) -> Any:
     return orjson.loads(reply.body)
 
 
+def split_frames(relayed: bytes) -> list[bytes]:
+    """The SSE frames in what a stream yielded at once (it relays what arrived together as one
+    piece); each keeps its ``\\n\\n``. A piece must hold whole frames only."""
+    assert relayed.endswith(b"\n\n"), relayed
+    return [frame + b"\n\n" for frame in relayed[:-2].split(b"\n\n")]
+
+
 async def collect(stream: UpstreamStream | UpstreamReply) -> list[bytes]:
     """Every frame of a stream, closing it after."""
     assert isinstance(stream, UpstreamStream), f"expected a stream, got {stream!r}"
     async with stream:
-        return [frame async for frame in stream.frames]
+        return [frame async for piece in stream.frames for frame in split_frames(piece)]
 
 
 async def frames_until_error(stream: UpstreamStream | UpstreamReply) -> tuple[list[bytes], Any]:
@@ -117,8 +124,8 @@ async def frames_until_error(stream: UpstreamStream | UpstreamReply) -> tuple[li
     received: list[bytes] = []
     async with stream:
         try:
-            async for frame in stream.frames:
-                received.append(frame)
+            async for piece in stream.frames:
+                received.extend(split_frames(piece))
         except AdapterError as exc:
             return received, exc
     pytest.fail(f"the stream ended without an error after {len(received)} frames")
