@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
 import orjson
@@ -80,8 +82,9 @@ class LineWriter:
 
 def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:
     """Configure structlog for the process: JSON lines (or console) on ``stream`` (stderr)."""
-    global _writer
+    global _writer, _fast_json
     writer = _writer = LineWriter(stream or sys.stderr)
+    _fast_json = fmt == "json" and _LEVELS[level] <= logging.INFO
     renderer: structlog.typing.Processor
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer(colors=False)
@@ -100,6 +103,33 @@ def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | N
 
 
 _writer: LineWriter | None = None
+_fast_json = False
+
+
+def request_logger(log: Any) -> Callable[[dict[str, Any]], None]:
+    """The writer of per-request log lines. With JSON logs at info level or below it renders
+    the line straight to the writer (the same fields structlog would write, without its
+    processor chain: that chain was a tenth of a request's CPU); otherwise it goes through
+    ``log``."""
+    writer = _writer
+    if _fast_json and writer is not None:
+
+        def write(fields: dict[str, Any]) -> None:
+            now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+            writer.msg(
+                _orjson_dumps(
+                    {
+                        "event": "request",
+                        "component": "iop_edge",
+                        **fields,
+                        "level": "info",
+                        "timestamp": now,
+                    }
+                )
+            )
+
+        return write
+    return lambda fields: log.info("request", **fields)
 
 
 def flush_logs() -> None:

@@ -9,7 +9,7 @@ truth, nothing counted twice.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -121,6 +121,17 @@ class StateCollector(Collector):
         )
 
 
+class _RequestChildren(NamedTuple):
+    """The labelled series one (model, token_ref, code) request touches."""
+
+    requests: Any
+    duration: Any
+    queue_wait: Any
+    first_token: Any
+    prompt_tokens: Any
+    completion_tokens: Any
+
+
 class EdgeMetrics:
     """Every metric of SPEC §9, registered on ``registry``."""
 
@@ -178,26 +189,40 @@ class EdgeMetrics:
             registry=registry,
         )
         registry.register(StateCollector(statistics, supervisor))
+        self._children: dict[tuple[str, str, str], _RequestChildren] = {}
 
     def observe_request(self, record: RequestRecord) -> None:
         """Count one finished request (called once per request by the server)."""
         model = record.model if record.resolved and record.model else UNKNOWN_MODEL
         token_ref = record.principal.token_ref if record.principal else "(none)"
-        self.requests.labels(model, token_ref, record.code).inc()
-        self.duration.labels(model).observe(record.duration)
+        key = (model, token_ref, record.code)
+        children = self._children.get(key)
+        if children is None:
+            # Label look-ups cost more than the counting; the label sets are bounded (configured
+            # models and tokens, a fixed set of codes), so each is resolved once.
+            children = self._children[key] = _RequestChildren(
+                self.requests.labels(model, token_ref, record.code),
+                self.duration.labels(model),
+                self.queue_wait.labels(model),
+                self.first_token.labels(model),
+                self.tokens.labels(model, token_ref, "prompt"),
+                self.tokens.labels(model, token_ref, "completion"),
+            )
+        children.requests.inc()
+        children.duration.observe(record.duration)
         if record.queue_wait is not None:
-            self.queue_wait.labels(model).observe(record.queue_wait)
+            children.queue_wait.observe(record.queue_wait)
         if record.time_to_first_token is not None:
-            self.first_token.labels(model).observe(record.time_to_first_token)
+            children.first_token.observe(record.time_to_first_token)
         if record.upstream_failure is not None and record.provider is not None:
             self.upstream_errors.labels(
                 record.node or "", record.provider, record.upstream_failure
             ).inc()
         usage = record.usage
         if usage.prompt_tokens:
-            self.tokens.labels(model, token_ref, "prompt").inc(usage.prompt_tokens)
+            children.prompt_tokens.inc(usage.prompt_tokens)
         if usage.completion_tokens:
-            self.tokens.labels(model, token_ref, "completion").inc(usage.completion_tokens)
+            children.completion_tokens.inc(usage.completion_tokens)
 
     def observe_refresh(self, record: RefreshRecord) -> None:
         """Count one finished (apply-mode) refresh."""

@@ -39,6 +39,7 @@ from iop_edge.api.requests import Endpoint, parse_body, prepare
 from iop_edge.config.payload import node_payload
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.errors import AdapterError, IopEdgeError, RequestError
+from iop_edge.logs import request_logger
 from iop_edge.seams import Clock
 
 _REQUEST_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -141,6 +142,7 @@ class OpenAIServer:
         self.executors = executors
         self.clock = clock
         self.log = logger
+        self.write_request_line = request_logger(logger)
         self.observers = list(observers)
         self.auth = Authenticator(config.openai)
         self.provider_auth = ProviderAuthForwarder(config.openai)
@@ -361,7 +363,7 @@ class OpenAIServer:
             return response
 
     def _finish(self, record: RequestRecord) -> None:
-        self.log.info("request", endpoint=record.endpoint, **record.log_fields())
+        self.write_request_line({"endpoint": record.endpoint, **record.log_fields()})
         for observe in self.observers:
             observe(record)
 
