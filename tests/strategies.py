@@ -185,9 +185,13 @@ def _locations(value: Any, loc: tuple = ()) -> list[tuple]:
 
 @st.composite
 def mutated_docs(draw: st.DrawFn) -> dict[str, Any]:
-    """A valid document with one to three random mutations: a key deleted, a value replaced by
-    an arbitrary YAML value, an unknown key added, a list item duplicated."""
-    doc = copy.deepcopy(draw(valid_docs(max_nodes=2, max_models=2)))
+    """A valid document with one to three random mutations (see :func:`mutate`)."""
+    return mutate(draw, copy.deepcopy(draw(valid_docs(max_nodes=2, max_models=2))))
+
+
+def mutate(draw: st.DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
+    """Apply one to three random mutations to ``doc`` in place and return it: a key deleted, a
+    value replaced by an arbitrary YAML value, an unknown key added, a list item duplicated."""
     for _ in range(draw(st.integers(1, 3))):
         loc = draw(st.sampled_from(_locations(doc)[1:]))
         parent: Any = doc

@@ -186,11 +186,10 @@ class OpenAICompatExecutor:
         except Exception as exc:
             if ready:  # what was translated before the failure is still the client's
                 yield b"".join(ready)
-            if watchdog.expired:  # the abort at the deadline caused whatever failed
-                raise upstream_error(self._target, url, TimeoutError()) from exc
-            if isinstance(exc, AdapterError):
+            failure = watchdog.failure(self._target, url, exc)
+            if failure is exc:
                 raise
-            raise upstream_error(self._target, url, exc) from exc
+            raise failure from exc
         finally:
             watchdog.cancel()
             (response.release if done else response.close)()

@@ -223,6 +223,11 @@ class Watchdog:
         """Disarm (the exchange is over)."""
         self._handle.cancel()
 
+    def failure(self, target: HttpTarget, url: str, exc: Exception) -> Exception:
+        """The error a relay raises for ``exc``: the timeout's once the deadline has passed,
+        else the mapped one (an AdapterError is itself)."""
+        return upstream_error(target, url, TimeoutError() if self.expired else exc)
+
 
 class LineReader:
     """Splits a streamed body into lines as they arrive, capping one line at

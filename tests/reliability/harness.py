@@ -42,7 +42,7 @@ from iop_edge.config.refresh import RefreshResult, config_hash
 from iop_edge.daemon import Daemon
 from iop_edge.pool import PoolPolicy, PoolStatistics
 from iop_edge.supervisor import RefreshRecord, SupervisorOptions
-from tests.strategies import _locations, mutated_docs, scalars, yaml_values
+from tests.strategies import mutate, mutated_docs
 
 FAKE_CLI = [sys.executable, "-m", "iop_edge.testing.fake_cli"]
 """The fake command-line agent, as a provider's ``command`` + ``args``."""
@@ -606,23 +606,7 @@ def near_misses(draw: st.DrawFn, base: dict[str, Any]) -> str:
     :func:`tests.strategies.mutated_docs` makes (a key deleted, a value replaced by an
     arbitrary YAML value, an unknown key added, a list item duplicated), or a text-level break
     (truncated, a duplicated line, a stray bracket) — what an operator's slip looks like."""
-    doc = copy.deepcopy(base)
-    for _ in range(draw(st.integers(1, 3))):
-        loc = draw(st.sampled_from(_locations(doc)[1:]))
-        parent: Any = doc
-        for part in loc[:-1]:
-            parent = parent[part]
-        last = loc[-1]
-        action = draw(st.sampled_from(["delete", "replace", "unknown_key", "duplicate"]))
-        if action == "delete":
-            del parent[last]
-        elif action == "replace":
-            parent[last] = draw(yaml_values)
-        elif action == "unknown_key" and isinstance(parent[last], dict):
-            parent[last][draw(st.text(min_size=1, max_size=6))] = draw(scalars)
-        elif action == "duplicate" and isinstance(parent, list):
-            parent.append(copy.deepcopy(parent[last]))
-    text = dump(doc)
+    text = dump(mutate(draw, copy.deepcopy(base)))
     lines = text.splitlines(keepends=True)
     breakage = draw(st.sampled_from(["none", "none", "truncate", "duplicate_line", "bracket"]))
     if breakage == "truncate":
