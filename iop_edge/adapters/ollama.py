@@ -29,7 +29,6 @@ or an end before the ``"done": true`` line raises ``upstream_error`` out of the 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Final
 
@@ -58,12 +57,11 @@ from iop_edge.adapters.upstream_http import (
     HttpTarget,
     LineReader,
     Watchdog,
+    http_stream,
     post_for_body,
     post_for_stream,
-    redact_url,
     upstream_error,
 )
-from iop_edge.errors import AdapterError
 
 __all__ = ["OllamaExecutor", "ollama_request"]
 
@@ -178,7 +176,7 @@ class OllamaExecutor:
             answer = orjson.loads(got)
             message = answer.get("message") if isinstance(answer, dict) else None
             if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-                raise self._broken(url, "the answer has no message.content")
+                raise self._target.broken(url, "the answer has no message.content")
         except Exception as exc:
             raise upstream_error(self._target, url, exc) from exc
         usage = Usage()
@@ -204,13 +202,7 @@ class OllamaExecutor:
         usage = Usage()
         chunks = ChatChunks(call.request_id, call.target)
         frames = self._relay(response, url, deadline, usage, chunks, include_usage(call.body))
-
-        async def close() -> None:
-            response.close()
-            with contextlib.suppress(RuntimeError):  # see OpenAICompatExecutor.open_stream
-                await frames.aclose()
-
-        return UpstreamStream(status=200, frames=frames, usage=usage, closer=close)
+        return http_stream(response, frames, usage)
 
     async def _relay(
         self,
@@ -232,18 +224,20 @@ class OllamaExecutor:
                     ready.clear()
                 line = await lines.readline()
                 if not line:
-                    raise self._broken(url, 'the stream ended before the "done": true line')
+                    raise self._target.broken(url, 'the stream ended before the "done": true line')
                 line = line.strip()
                 if not line:
                     continue
                 try:
                     item = orjson.loads(line)
                 except orjson.JSONDecodeError as exc:
-                    raise self._broken(url, f"a stream line is not valid JSON ({exc})") from exc
+                    raise self._target.broken(
+                        url, f"a stream line is not valid JSON ({exc})"
+                    ) from exc
                 if not isinstance(item, dict):
-                    raise self._broken(url, "a stream line is not a JSON object")
+                    raise self._target.broken(url, "a stream line is not a JSON object")
                 if "error" in item:
-                    raise self._broken(
+                    raise self._target.broken(
                         url, f"the upstream reported an error mid-stream: {item['error']}"
                     )
                 message = item.get("message")
@@ -273,8 +267,3 @@ class OllamaExecutor:
         finally:
             watchdog.cancel()
             (response.release if done else response.close)()
-
-    def _broken(self, url: str, reason: str) -> AdapterError:
-        return AdapterError(
-            "upstream_error", f"{self._target.label} at POST {redact_url(url)} failed: {reason}"
-        )

@@ -24,7 +24,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any, Final
 
@@ -45,6 +44,7 @@ from iop_edge.adapters.upstream_http import (
     HttpTarget,
     LineReader,
     Watchdog,
+    http_stream,
     post_for_body,
     post_for_stream,
     redact_url,
@@ -108,7 +108,7 @@ class OpenAICompatExecutor:
         try:
             parsed = orjson.loads(got)
             if not isinstance(parsed, dict):
-                raise self._broken(url, "the response is a JSON value but not an object")
+                raise self._target.broken(url, "the response is a JSON value but not an object")
         except Exception as exc:
             raise upstream_error(self._target, url, exc) from exc
         usage = Usage()
@@ -132,15 +132,7 @@ class OpenAICompatExecutor:
             )
         usage = Usage()
         frames = self._relay(response, url, deadline, usage, hide_usage)
-
-        async def close() -> None:
-            response.close()
-            # Runs the generator's cleanup if it is suspended; one running in another task
-            # fails on its own now that the connection is closed.
-            with contextlib.suppress(RuntimeError):
-                await frames.aclose()
-
-        return UpstreamStream(status=200, frames=frames, usage=usage, closer=close)
+        return http_stream(response, frames, usage)
 
     async def _relay(
         self,
@@ -164,7 +156,7 @@ class OpenAICompatExecutor:
                     ready.clear()
                 line = await lines.readline()
                 if not line:
-                    raise self._broken(url, "the stream ended before data: [DONE]")
+                    raise self._target.broken(url, "the stream ended before data: [DONE]")
                 line = line.rstrip(b"\r\n")
                 if line:
                     if line.startswith(b"data:"):
@@ -199,13 +191,13 @@ class OpenAICompatExecutor:
         try:
             chunk = orjson.loads(event)
         except orjson.JSONDecodeError as exc:
-            raise self._broken(url, f"an event is not valid JSON ({exc})") from exc
+            raise self._target.broken(url, f"an event is not valid JSON ({exc})") from exc
         if not isinstance(chunk, dict):
-            raise self._broken(url, "an event is not a JSON object")
+            raise self._target.broken(url, "an event is not a JSON object")
         error = chunk.get("error")
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else error
-            raise self._broken(url, f"the upstream reported an error mid-stream: {message}")
+            raise self._target.broken(url, f"the upstream reported an error mid-stream: {message}")
         reported = chunk.get("usage")
         if reported is not None:
             read_usage(reported, usage)
@@ -214,9 +206,3 @@ class OpenAICompatExecutor:
         if hide_usage and _USAGE_NULL in event:
             event = event.replace(_USAGE_NULL, b"")
         return b"data: " + event + b"\n\n"
-
-    def _broken(self, url: str, reason: str) -> AdapterError:
-        return AdapterError(
-            "upstream_error",
-            f"{self._target.label} at POST {redact_url(url)} failed: {reason}",
-        )

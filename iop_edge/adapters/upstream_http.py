@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -28,7 +28,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from iop_edge.adapters.base import UpstreamReply, Usage
+from iop_edge.adapters.base import UpstreamReply, UpstreamStream, Usage
 from iop_edge.errors import AdapterError
 
 __all__ = [
@@ -140,6 +140,12 @@ class HttpTarget:
         for name, value in extra.items():
             merged[name] = value
         return merged
+
+    def broken(self, url: str, reason: str) -> AdapterError:
+        """The ``upstream_error`` for an answer that breaks the protocol (an operator reads it)."""
+        return AdapterError(
+            "upstream_error", f"{self.label} at POST {redact_url(url)} failed: {reason}"
+        )
 
     def deadline(self) -> float:
         """The loop time by which the whole exchange must be over."""
@@ -363,3 +369,19 @@ async def post_for_stream(
             raise upstream_error(target, url, exc) from exc
         raise
     return response, deadline
+
+
+def http_stream(
+    response: aiohttp.ClientResponse, frames: AsyncGenerator[bytes, None], usage: Usage
+) -> UpstreamStream:
+    """Wrap a relay over ``response`` as an :class:`UpstreamStream` whose ``aclose`` aborts the
+    connection and runs the relay's cleanup."""
+
+    async def close() -> None:
+        response.close()
+        # Runs the generator's cleanup if it is suspended; one running in another task fails
+        # on its own now that the connection is closed.
+        with contextlib.suppress(RuntimeError):
+            await frames.aclose()
+
+    return UpstreamStream(status=200, frames=frames, usage=usage, closer=close)

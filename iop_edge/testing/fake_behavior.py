@@ -24,6 +24,7 @@ __all__ = [
     "FakeBehavior",
     "Fault",
     "apply_directive",
+    "split_reply",
 ]
 
 Fault = Literal["disconnect", "reset", "stall", "malformed", "error"]
@@ -212,3 +213,20 @@ def apply_directive(behavior: FakeBehavior, prompt: str) -> tuple[FakeBehavior, 
         behavior = behavior.with_overrides(prompt[start + len(DIRECTIVE_PREFIX) : end])
         prompt = (prompt[:start] + prompt[end + 2 :]).strip()
     return behavior, prompt
+
+
+def split_reply(text: str, chunks: int | None) -> list[str]:
+    """Split ``text`` into ``chunks`` pieces (``None``: one per word, spaces kept).
+
+    The pieces always join back to ``text``; with more chunks than characters some are empty.
+    """
+    if chunks is None:
+        if not text:
+            return []
+        parts = text.split(" ")
+        pieces = [part + " " for part in parts[:-1]]
+        if parts[-1]:
+            pieces.append(parts[-1])
+        return pieces
+    size = len(text)
+    return [text[i * size // chunks : (i + 1) * size // chunks] for i in range(chunks)]

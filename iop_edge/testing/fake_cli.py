@@ -42,6 +42,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from iop_edge.testing.fake_behavior import split_reply  # standard library only: fast start
+
 __all__ = ["DIRECTIVE_PREFIX", "main", "parse_options"]
 
 DIRECTIVE_PREFIX = "[[fake-cli:"
@@ -104,19 +106,6 @@ def _extract_directive(prompt: str) -> tuple[str, list[str]]:
     return prompt[:start] + prompt[end + 2 :], extra
 
 
-def _split(text: str, chunks: int | None) -> list[str]:
-    if chunks is None:
-        if not text:
-            return []
-        parts = text.split(" ")
-        pieces = [part + " " for part in parts[:-1]]
-        if parts[-1]:
-            pieces.append(parts[-1])
-        return pieces
-    size = len(text)
-    return [text[i * size // chunks : (i + 1) * size // chunks] for i in range(chunks)]
-
-
 def _hang() -> None:
     while True:
         time.sleep(_FOREVER)
@@ -166,7 +155,7 @@ def _answer(options: argparse.Namespace, prompt: str) -> None:
         _write(json.dumps({options.json_field: answer, "usage": usage}) + "\n")
         return
     text = options.output_format == "text"
-    pieces = _split(answer, options.chunks)
+    pieces = split_reply(answer, options.chunks)
     for index, piece in enumerate(pieces):
         if index == options.hang_after:
             _hang()

@@ -35,6 +35,7 @@ from iop_edge.testing.fake_behavior import (
     DEFAULT_BEHAVIOR,
     FakeBehavior,
     apply_directive,
+    split_reply,  # re-exported: shared with fake_cli
 )
 
 __all__ = [
@@ -489,23 +490,6 @@ def _close_transport(request: web.Request) -> None:
     transport = request.transport
     if transport is not None:
         transport.close()
-
-
-def split_reply(text: str, chunks: int | None) -> list[str]:
-    """Split ``text`` into ``chunks`` pieces (``None``: one per word, spaces kept).
-
-    The pieces always join back to ``text``; with more chunks than characters some are empty.
-    """
-    if chunks is None:
-        if not text:
-            return []
-        parts = text.split(" ")
-        pieces = [part + " " for part in parts[:-1]]
-        if parts[-1]:
-            pieces.append(parts[-1])
-        return pieces
-    size = len(text)
-    return [text[i * size // chunks : (i + 1) * size // chunks] for i in range(chunks)]
 
 
 def shape_reply(
