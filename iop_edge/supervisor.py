@@ -5,27 +5,37 @@ Triggers:
 - ``file``: the config file's **directory** is watched (watchfiles), so editor saves by rename,
   ``sed -i``, truncating writes, delete + recreate and a Kubernetes ``..data`` symlink swap are
   all seen; events are debounced, and a slow periodic content check backs up missed events.
-  A file whose bytes did not change since the last refresh is skipped. A file that is missing
-  or fails to load (half-written in the middle of a burst) is never applied: it is read again
-  once writes have settled (``settle`` seconds), and only then judged.
+  A file whose bytes did not change since the last refresh is skipped. A changed file is only
+  judged once writes have **settled**: its content must stay the same for ``settle`` seconds
+  (read, wait, read again, until two reads agree), so a file saved in parts is never loaded
+  half-written, even when its first part is a valid config. A file still changing after
+  ``settle_limit`` seconds is rejected without being loaded.
 - ``signal``: SIGHUP (the daemon installs the handler before anything slow).
 - ``api``: ``POST /admin/config/refresh`` and ``iop-edge config refresh``; synchronous — the
   caller gets the result of a refresh that started after its call.
 
+Signal and api refreshes do not wait for the file to settle: the operator asked for them.
+
 File and signal triggers that arrive while a refresh runs coalesce into one more run. Each run:
-read the file → load → validate → classify against the **running** config (in a worker thread:
-a large config must not stall the event loop) → apply the live part to the scheduler and the
-model catalog in one step of the loop (no request sees half a config) → record, log, notify.
-Restart-class changes stay pending until a later file reverts them or the daemon restarts.
+read the file → load → validate → classify against the **running** config (in a worker thread,
+under ``deadline``: a large or hostile file can neither stall the event loop nor hold the
+refresh path; :mod:`iop_edge.config_file` bounds the read) → apply the live part to the
+scheduler and the model catalog in one step of the loop (no request sees half a config) →
+record, log, notify. Restart-class changes stay pending until a later file reverts them or the
+daemon restarts.
+
+Nothing a refresh raises escapes: it becomes a ``rejected`` result whose reason is logged with
+its traceback, counted and shown in ``STATUS=``; the refresh worker outlives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import threading
 import time
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -33,14 +43,16 @@ from typing import Any, Final, Literal
 import watchfiles
 
 from iop_edge.config.refresh import (
-    RefreshError,
     RefreshOutcome,
     RefreshResult,
     ReportEntry,
     config_hash,
     refresh,
+    rejected,
 )
 from iop_edge.config.schema import EdgeConfig
+from iop_edge.config_file import LOAD_DEADLINE, ConfigSnapshot, snapshot_config_file
+from iop_edge.errors import ConfigError, ConfigProblem
 from iop_edge.systemd import Notifier
 
 Trigger = Literal["file", "signal", "api"]
@@ -61,15 +73,31 @@ class RefreshRecord:
 
 
 RefreshListener = Callable[[RefreshRecord], None]
+#: The pure refresh (:func:`iop_edge.config.refresh.refresh`) as the supervisor calls it.
+Classifier = Callable[..., RefreshOutcome]
 
 
 @dataclass
 class SupervisorOptions:
-    """Timing of the file watcher (seconds)."""
+    """Timing of the file watcher and of each refresh (seconds), and the seams tests drive.
+
+    ``settle`` is 0.5 s: every writer we know of (editors, ``sed -i``, ``cp``, configuration
+    management, a ConfigMap swap) writes a config in milliseconds, so half a second of quiet
+    means the write is over, and a save still takes effect within about 0.7 s (debounce +
+    settle).
+    """
 
     debounce: float = 0.2
-    settle: float = 1.0
+    settle: float = 0.5
+    #: A file that keeps changing this long is rejected without being loaded.
+    settle_limit: float = 10.0
     poll_interval: float = 30.0
+    #: One read + load + classify may take this long; then the refresh is rejected.
+    deadline: float = LOAD_DEADLINE
+    #: How the settle interval is waited for (tests inject one they release by hand).
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    #: The pure refresh, run in a worker thread (tests inject a failing or blocking one).
+    classify: Classifier = refresh
 
 
 class Supervisor:
@@ -108,7 +136,8 @@ class Supervisor:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._queued: Trigger | None = None
-        self._file_digest = self._digest(self._read_bytes())
+        # Bounded and non-blocking (a FIFO is refused, not read), so safe before the loop runs.
+        self._file_digest = snapshot_config_file(str(path)).digest
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self.runs = 0
@@ -123,13 +152,15 @@ class Supervisor:
             self._tasks.append(asyncio.create_task(self._poll(), name="config-poll"))
 
     async def stop(self) -> None:
-        """Stop the background tasks."""
+        """Stop the background tasks. Never raises: a task that failed earlier is logged, so
+        the daemon's drain goes on."""
         self._stop.set()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        outcomes = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task, outcome in zip(self._tasks, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                self._log_failure("config_task_failed", outcome, task=task.get_name())
         self._tasks.clear()
 
     # -- triggers ----------------------------------------------------------------------------
@@ -143,7 +174,7 @@ class Supervisor:
         self._wake.set()
 
     async def refresh(self, trigger: Trigger, mode: str = "apply") -> RefreshResult:
-        """Run a refresh now (after any running one) and return its result."""
+        """Run a refresh now (after any running one) and return its result; never raises."""
         async with self._lock:
             result = await self._run(trigger, mode, force=True)
         assert result is not None  # a forced run always runs
@@ -156,42 +187,118 @@ class Supervisor:
             await self._wake.wait()
             self._wake.clear()
             trigger, self._queued = self._queued or "file", None
-            async with self._lock:
-                await self._run(trigger, "apply", force=trigger != "file")
+            try:
+                snapshot = None
+                if trigger == "file":
+                    snapshot = await self._settled()
+                    if snapshot is None:
+                        continue  # nothing new on disk since the last look
+                async with self._lock:
+                    await self._run(trigger, "apply", force=trigger != "file", snapshot=snapshot)
+            except Exception as exc:  # the worker outlives anything: later saves still count
+                self._log_failure("config_refresh_failed", exc, trigger=trigger)
 
-    async def _run(self, trigger: Trigger, mode: str, *, force: bool) -> RefreshResult | None:
+    async def _settled(self) -> ConfigSnapshot | None:
+        """The file once two reads ``settle`` seconds apart agree; ``None`` when it holds what
+        was judged last. A file still changing after ``settle_limit`` seconds comes back as
+        an unreadable snapshot, so it is rejected without being loaded."""
+        current = await self._read()
+        if current.digest == self._file_digest:
+            return None
+        waited = 0.0
+        while True:
+            await self.options.sleep(self.options.settle)
+            waited += self.options.settle
+            latest = await self._read()
+            if latest.digest == current.digest:
+                return latest
+            current = latest
+            if waited >= self.options.settle_limit:
+                message = (
+                    f"{self.path}: the file kept changing for {waited:g} s (it never stayed the "
+                    f"same for {self.options.settle:g} s), so it was not loaded; it is judged "
+                    "once writes to it stop"
+                )
+                return ConfigSnapshot(
+                    str(self.path), None, ConfigError([ConfigProblem("", message)])
+                )
+
+    async def _read(self) -> ConfigSnapshot:
+        """One read of the config file, in a worker thread, under the deadline; never raises
+        (``refresh()`` and the worker call it outside their guards)."""
+        try:
+            async with asyncio.timeout(self.options.deadline):  # not wait_for: see _judge
+                return await asyncio.to_thread(snapshot_config_file, str(self.path))
+        except TimeoutError:
+            message = (
+                f"cannot read config {self.path}: reading it took longer than "
+                f"{self.options.deadline:g} s"
+            )
+        except Exception as exc:  # e.g. no thread to read in: a rejection, not a crash
+            self._log_failure("config_read_failed", exc, path=str(self.path))
+            message = f"cannot read config {self.path}: {type(exc).__name__}: {exc}"
+        return ConfigSnapshot(str(self.path), None, ConfigError([ConfigProblem("", message)]))
+
+    async def _run(
+        self,
+        trigger: Trigger,
+        mode: str,
+        *,
+        force: bool,
+        snapshot: ConfigSnapshot | None = None,
+    ) -> RefreshResult | None:
         """One refresh; ``None`` when not forced and the file's bytes are unchanged."""
-        raw = self._read_bytes()
-        digest = self._digest(raw)
-        if not force and digest == self._file_digest:
-            return None  # nothing new on disk since the last look
+        if snapshot is None:
+            snapshot = await self._read()
+        if not force and snapshot.digest == self._file_digest:
+            return None
         if mode == "apply":
-            self._file_digest = digest
+            self._file_digest = snapshot.digest
             self._notifier.reloading()
         self.runs += 1
-        if raw is None:
-            outcome = self._rejected(
-                mode, f"cannot read config {self.path}: the file is missing or unreadable"
+        try:
+            result = await self._judge(snapshot, mode)
+        except Exception as exc:  # a bug must not leave RELOADING=1 or kill the caller
+            self._log_failure("config_refresh_failed", exc, trigger=trigger)
+            reason = (
+                f"the refresh failed with an internal error ({type(exc).__name__}: {exc}); "
+                "nothing was applied and the running config keeps serving"
             )
-        else:
-            text = raw.decode("utf-8", errors="replace")
-            outcome = await asyncio.to_thread(
-                refresh, self.running, text, mode=mode, env=self._env, source=str(self.path)
-            )
-        result = outcome.result
-        if result.result == "rejected" and trigger == "file" and mode == "apply":
-            # Possibly read mid-write (a burst of saves, delete + recreate): look again once
-            # writes have settled, and judge the file by what it holds then.
-            await asyncio.sleep(self.options.settle)
-            if self._digest(self._read_bytes()) != digest:
-                return await self._run(trigger, mode, force=True)
-        if mode == "apply" and result.result != "rejected":
-            result = self._take(outcome)
+            result = self._rejected(mode, reason).result
         record = RefreshRecord(trigger=trigger, at=time.time(), result=result)
         if mode == "apply":
             self._record(record)
             self._notifier.ready(status_line(self))
         return result
+
+    async def _judge(self, snapshot: ConfigSnapshot, mode: str) -> RefreshResult:
+        """Load and classify ``snapshot`` in a worker thread under the deadline; apply it."""
+        running, running_hash = self.running, self.running_hash
+
+        def classify() -> RefreshOutcome:
+            try:
+                text = snapshot.text()
+            except ConfigError as exc:
+                return rejected(running, mode, exc.problems, running_hash)
+            return self.options.classify(
+                running, text, mode=mode, env=self._env, source=str(self.path)
+            )
+
+        try:
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives in
+            # the loop step in which the thread's result does, and the worker would outlive
+            # stop() (the drain waited for its cut).
+            async with asyncio.timeout(self.options.deadline):
+                outcome = await in_daemon_thread(classify)
+        except TimeoutError:
+            return self._rejected(
+                mode,
+                f"{self.path}: loading the config took longer than {self.options.deadline:g} s, "
+                "so it was not applied; the running config keeps serving",
+            ).result
+        if mode == "apply" and outcome.result.result != "rejected":
+            return self._take(outcome)
+        return outcome.result
 
     def _take(self, outcome: RefreshOutcome) -> RefreshResult:
         """Swap in the live part (in this loop step) and update what is pending."""
@@ -200,7 +307,7 @@ class Supervisor:
             try:
                 self._apply(outcome.running)
             except Exception as exc:  # an apply failure rejects the whole refresh
-                self._log.error("config_apply_failed", error=repr(exc))
+                self._log_failure("config_apply_failed", exc)
                 return self._rejected(
                     result.mode, f"applying the live changes failed: {exc}"
                 ).result
@@ -231,34 +338,38 @@ class Supervisor:
             restart_pending=[e.path for e in self.restart_pending],
         )
         for listener in self._listeners:
-            listener(record)
+            try:
+                listener(record)
+            except Exception as exc:  # one broken listener must not stop the others
+                self._log_failure("config_listener_failed", exc)
 
     def _rejected(self, mode: str, message: str) -> RefreshOutcome:
-        result = RefreshResult(
-            mode=mode,
-            result="rejected",
-            errors=[RefreshError(path="", message=message)],
-            config_hash=self.running_hash,
+        return rejected(self.running, mode, [ConfigProblem("", message)], self.running_hash)
+
+    def _log_failure(self, event: str, exc: BaseException, **fields: Any) -> None:
+        """Log an unexpected exception with its traceback (as text: one JSON line)."""
+        self._log.error(
+            event,
+            error=f"{type(exc).__name__}: {exc}",
+            exception="".join(traceback.format_exception(exc)),
+            **fields,
         )
-        return RefreshOutcome(result=result, running=self.running, candidate=None)
 
     # -- the file ----------------------------------------------------------------------------
 
-    def _read_bytes(self) -> bytes | None:
-        try:
-            return self.path.read_bytes()
-        except OSError:
-            return None
-
-    @staticmethod
-    def _digest(raw: bytes | None) -> str | None:
-        return hashlib.sha256(raw).hexdigest() if raw is not None else None
-
     async def _watch(self) -> None:
-        directory = self.path.parent
+        while True:
+            try:
+                await self._watch_directory()
+                return  # stopped
+            except Exception as exc:  # e.g. the directory vanished: keep trying, poll meanwhile
+                self._log_failure("config_watch_failed", exc, directory=str(self.path.parent))
+                await asyncio.sleep(1.0)
+
+    async def _watch_directory(self) -> None:
         first = True
         async for changes in watchfiles.awatch(
-            directory,
+            self.path.parent,
             debounce=int(self.options.debounce * 1000),
             step=50,
             stop_event=self._stop,
@@ -277,7 +388,7 @@ class Supervisor:
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.options.poll_interval)
-            if self._digest(self._read_bytes()) != self._file_digest:
+            if (await self._read()).digest != self._file_digest:
                 self.request("file")
 
     # -- status ------------------------------------------------------------------------------
@@ -314,3 +425,34 @@ def status_line(supervisor: Supervisor) -> str:
     pending = len(supervisor.restart_pending)
     tail = f"; {pending} change(s) need a restart" if pending else ""
     return f"serving config {short} (generation {supervisor.generation}){tail}"
+
+
+async def in_daemon_thread(work: Callable[[], RefreshOutcome]) -> RefreshOutcome:
+    """Run ``work`` in a thread of its own and await its result.
+
+    Unlike the loop's default executor, a daemon thread that outlives its caller (a load past
+    the deadline, abandoned) holds neither the loop's shutdown nor the process's exit: SIGTERM
+    still ends the daemon within its drain timeout. A result that arrives after the caller gave
+    up, or after the loop closed, is dropped.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[RefreshOutcome] = loop.create_future()
+
+    def settle(outcome: RefreshOutcome | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        elif outcome is not None:
+            future.set_result(outcome)
+
+    def run() -> None:
+        try:
+            outcome, error = work(), None
+        except BaseException as exc:  # handed to the caller, like to_thread
+            outcome, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, outcome, error)
+
+    threading.Thread(target=run, name="config-load", daemon=True).start()
+    return await future

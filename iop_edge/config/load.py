@@ -4,7 +4,8 @@ Pure: the caller hands over the text and the environment; nothing here reads fil
 
 Steps, each reporting every problem it finds before the load fails:
 
-1. YAML → Python (safe loader; a syntax error or a duplicate key gives the line and column).
+1. YAML → Python (safe loader; a syntax error or a duplicate key gives the line and column;
+   nesting depth, expanded size and integer range are bounded: :mod:`iop_edge.config.limits`).
 2. ``${VAR}`` / ``${VAR:-default}`` expansion in string values (``$$`` is a literal ``$``).
 3. Legacy shapes normalized (the single-instance adapter mapping → named instances,
    a bare provider id in ``models[].providers`` → ``{id: ...}``).
@@ -24,6 +25,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from iop_edge.config import paths
+from iop_edge.config.limits import MAX_DEPTH, check_node_graph, check_values
+from iop_edge.config.redact import ARGS_KEYS, REDACTED, SECRET_KEYS, SECRET_MAPS, redact_text
 from iop_edge.config.schema import EdgeConfig, _show
 from iop_edge.config.validate import validate_config
 from iop_edge.errors import ConfigError, ConfigProblem
@@ -31,6 +34,8 @@ from iop_edge.errors import ConfigError, ConfigProblem
 _ENV_RE: Final = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 _BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: Keys whose values a message never quotes: the value may be (or hold) a secret (redact.py).
+_SECRET_HOLDERS: Final = SECRET_MAPS | ARGS_KEYS | SECRET_KEYS
 
 
 class _StrictLoader(_BaseLoader):  # type: ignore[valid-type,misc]
@@ -57,9 +62,17 @@ class _StrictLoader(_BaseLoader):  # type: ignore[valid-type,misc]
 
 
 def parse_yaml(text: str, *, source: str = "edge.yaml") -> Any:
-    """Parse YAML text; a syntax error becomes a :class:`ConfigError` with line and column."""
+    """Parse YAML text; a syntax error becomes a :class:`ConfigError` with line and column.
+
+    The composed node graph is measured before any value is built: a document nested too
+    deep, expanding past the node cap (an alias bomb) or holding a recursive alias is refused
+    (:mod:`iop_edge.config.limits`).
+    """
+    loader = _StrictLoader(text)  # a SafeLoader subclass: safe
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: safe
+        node = loader.get_single_node()
+        check_node_graph(node, source)
+        return None if node is None else loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -67,6 +80,20 @@ def parse_yaml(text: str, *, source: str = "edge.yaml") -> Any:
         raise ConfigError([ConfigProblem("", f"{where}: YAML syntax error: {what}")]) from exc
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigProblem("", f"{source}: YAML error: {exc}")]) from exc
+    except RecursionError:
+        # PyYAML without libyaml composes recursively: it overflows on text nested a few
+        # hundred levels deep, before check_node_graph can measure it (libyaml stops at 1000).
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "",
+                    f"{source}: the document is nested too deep to parse; a config may nest at "
+                    f"most {MAX_DEPTH} levels",
+                )
+            ]
+        ) from None
+    finally:
+        loader.dispose()
 
 
 def expand_env(data: Any, env: Mapping[str, str], problems: list[ConfigProblem]) -> Any:
@@ -185,8 +212,17 @@ def problems_from_validation_error(exc: ValidationError, raw: Any) -> list[Confi
             message = f"is empty; {field} needs at least {err['ctx']['min_length']} item"
         else:
             message = f"{_show(value)} is invalid: {err['msg'][0].lower()}{err['msg'][1:]}"
-        problems.append(ConfigProblem(path, message))
+        shown = _show(value)
+        if _holds_secret(loc) and message.startswith(shown):
+            message = f"{REDACTED} ({type(value).__name__}){message[len(shown) :]}"
+        problems.append(ConfigProblem(path, redact_text(message)))
     return problems
+
+
+def _holds_secret(loc: tuple[str | int, ...]) -> bool:
+    """Whether the value at ``loc`` sits under a key whose values may be secret (a header or
+    env value, a cli argument); a header or env *name* (``[key]``) is not."""
+    return loc[-1:] != ("[key]",) and any(part in _SECRET_HOLDERS for part in loc)
 
 
 def parse_config(data: Any, *, env: Mapping[str, str] | None = None) -> EdgeConfig:
@@ -197,7 +233,9 @@ def parse_config(data: Any, *, env: Mapping[str, str] | None = None) -> EdgeConf
         raise ConfigError(
             [ConfigProblem("", f"the config is a {type(data).__name__}; it must be a mapping")]
         )
-    problems: list[ConfigProblem] = []
+    problems = check_values(data)
+    if problems:
+        raise ConfigError(problems)
     data = expand_env(data, env or {}, problems)
     if problems:
         raise ConfigError(problems)
@@ -206,7 +244,13 @@ def parse_config(data: Any, *, env: Mapping[str, str] | None = None) -> EdgeConf
         config = EdgeConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(problems_from_validation_error(exc, data)) from None
-    return validate_config(config)
+    try:
+        return validate_config(config)
+    except ConfigError as exc:
+        # Messages may quote a value: a URL's password or query must not reach a report.
+        raise ConfigError(
+            [ConfigProblem(p.path, redact_text(p.message)) for p in exc.problems]
+        ) from None
 
 
 def load_config(

@@ -34,7 +34,7 @@ from iop_edge.config.load import load_config
 from iop_edge.config.redact import SECRET_MAPS, SECRET_VALUE, redact
 from iop_edge.config.schema import EdgeConfig, Node
 from iop_edge.config.validate import validate_config
-from iop_edge.errors import ConfigError
+from iop_edge.errors import ConfigError, ConfigProblem
 
 ChangeClass = Literal["live", "restart"]
 Outcome = Literal["applied", "restart_required", "rejected"]
@@ -352,16 +352,13 @@ def refresh(
     """
     running_hash = config_hash(running)
     if mode not in MODES:
-        error = RefreshError(
-            path="mode", message=f"{mode!r} is not a refresh mode; use dry_run or apply"
-        )
-        return _rejected(running, mode, [error], running_hash)
+        error = ConfigProblem("mode", f"{mode!r} is not a refresh mode; use dry_run or apply")
+        return rejected(running, mode, [error], running_hash)
     if isinstance(candidate, str):
         try:
             candidate = load_config(candidate, env=env, source=source)
         except ConfigError as exc:
-            problems = [RefreshError(path=p.path, message=p.message) for p in exc.problems]
-            return _rejected(running, mode, problems, running_hash)
+            return rejected(running, mode, exc.problems, running_hash)
 
     diff = classify(running, candidate)
     restart = any(e.change_class == "restart" for e in diff.entries)
@@ -401,8 +398,17 @@ def refresh(
     return RefreshOutcome(result=result, running=after, candidate=candidate)
 
 
-def _rejected(
-    running: EdgeConfig, mode: str, errors: list[RefreshError], running_hash: str
+def rejected(
+    running: EdgeConfig,
+    mode: str,
+    problems: Iterable[ConfigProblem],
+    running_hash: str | None = None,
 ) -> RefreshOutcome:
-    result = RefreshResult(mode=mode, result="rejected", errors=errors, config_hash=running_hash)
+    """The outcome of a refused candidate: ``rejected`` with every problem, nothing applied."""
+    result = RefreshResult(
+        mode=mode,
+        result="rejected",
+        errors=[RefreshError(path=p.path, message=p.message) for p in problems],
+        config_hash=running_hash or config_hash(running),
+    )
     return RefreshOutcome(result=result, running=running, candidate=None)

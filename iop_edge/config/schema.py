@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -37,6 +38,11 @@ DEFAULT_MAX_QUEUE: Final = 16
 DEFAULT_QUEUE_TIMEOUT_MS: Final = 30_000
 DEFAULT_LONG_CONTEXT_THRESHOLD: Final = 100_000
 DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+# Connection limits of the listeners (README "Limits and timeouts" says why these values).
+DEFAULT_KEEPALIVE_TIMEOUT_MS: Final = 75_000
+DEFAULT_HEADER_TIMEOUT_MS: Final = 10_000
+DEFAULT_WRITE_TIMEOUT_MS: Final = 30_000
+DEFAULT_MAX_CONNECTIONS: Final = 4096
 SEULGIVIBE_ALIASES: Final = ("seulgivibe_claude", "seulgivibe_openai")
 
 
@@ -186,10 +192,16 @@ class MetricsSection(_Section):
 
 
 class ConsoleSection(_Section):
-    """``console``: the admin API listener (status, refresh); keep it on loopback."""
+    """``console``: the admin API listener (status, refresh).
+
+    ``admin_token_sha256`` (the SHA-256 of an admin token, never the token) makes every admin
+    request need ``Authorization: Bearer <token>``; a ``listen`` address off loopback
+    requires it (checked in :mod:`iop_edge.config.validate`).
+    """
 
     enabled: StrictBool = True
     listen: Address = "127.0.0.1:7601"
+    admin_token_sha256: Sha256Hex | None = None
 
 
 class ControlPlaneSection(_Section):
@@ -237,15 +249,59 @@ class ModelRoute(_Section):
     node: Ref | None = None
 
 
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+def _origin(value: str) -> str:
+    # Stored as a browser serialises the Origin header (lowercase, no default port), so the
+    # request path compares strings and parses nothing.
+    rule = (
+        "{field} entries must be origins as a browser sends them in the Origin header: "
+        "http(s)://host[:port], without a path, a query or a wildcard"
+    )
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{_show(value)} is not an origin; {rule}") from None
+    host = parts.hostname
+    if (
+        parts.scheme not in _DEFAULT_PORTS
+        or not host
+        or "*" in value
+        or parts.username is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+    ):
+        raise ValueError(f"{_show(value)} is not an origin; {rule}")
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None and port != _DEFAULT_PORTS[parts.scheme]:
+        netloc += f":{port}"
+    return f"{parts.scheme}://{netloc}"
+
+
+Origin = Annotated[str, AfterValidator(_origin)]
+
+
 class OpenAISection(_Section):
-    """``openai``: the OpenAI-compatible listener, its principals and its route catalog."""
+    """``openai``: the OpenAI-compatible listener, its principals and its route catalog.
+
+    ``allowed_origins`` lists the browser origins (web pages) allowed to call the surface; a
+    request carrying any other ``Origin`` header is refused (:mod:`iop_edge.api.guard`).
+    """
 
     listen: Address = "127.0.0.1:8080"
     allow_anonymous: StrictBool = False
     max_body_bytes: Positive = DEFAULT_MAX_BODY_BYTES
+    keepalive_timeout_ms: Positive = DEFAULT_KEEPALIVE_TIMEOUT_MS
+    header_timeout_ms: Positive = DEFAULT_HEADER_TIMEOUT_MS
+    write_timeout_ms: Positive = DEFAULT_WRITE_TIMEOUT_MS
+    max_connections: Positive = DEFAULT_MAX_CONNECTIONS
     principal_tokens: tuple[PrincipalToken, ...] = ()
     provider_auth: ProviderAuth = ProviderAuth()
     model_routes: tuple[ModelRoute, ...] = ()
+    allowed_origins: tuple[Origin, ...] = ()
 
 
 # --- queue policy and model groups ----------------------------------------------------------

@@ -76,6 +76,20 @@ class _Checker:
                     f"version; set {name}.enabled: false",
                 )
 
+    def console(self) -> None:
+        """The admin API can change the running config: off loopback it needs a token, the
+        same way an open OpenAI surface is refused off loopback."""
+        console = self.config.console
+        tokenless = console.enabled and console.admin_token_sha256 is None
+        if tokenless and not is_loopback(console.listen):
+            self.problem(
+                "console.listen",
+                f"{console.listen!r} is not a loopback address and console.admin_token_sha256 "
+                "is not set; the admin API changes the running config, so off loopback it "
+                "needs an admin token (set console.admin_token_sha256 to the hash printed by "
+                "`iop-edge token admin`) or a loopback address such as 127.0.0.1:7601",
+            )
+
     def openai(self) -> None:
         section = self.config.openai
         refs: dict[str, int] = {}
@@ -388,6 +402,7 @@ def validate_config(config: EdgeConfig) -> EdgeConfig:
     """
     checker = _Checker(config)
     checker.reserved_sections()
+    checker.console()
     checker.openai()
     nodes = checker.nodes()
     models = checker.models()

@@ -30,10 +30,12 @@ def test_principal_tokens_hold_only_a_sha256_hash_never_a_raw_token():
     doc = base_doc()
     doc["openai"] = {"principal_tokens": [{**token("app", HASH_A), "token": "raw-secret"}]}
     assert problem_at(doc, "openai.principal_tokens[app].token").startswith("unknown key 'token'")
-    doc["openai"] = {"principal_tokens": [token("app", "not-a-hash")]}
+    # A raw token pasted where its hash belongs is not quoted back (reports reach logs).
+    doc["openai"] = {"principal_tokens": [token("app", "sk-raw-token-pasted-by-mistake")]}
     message = problem_at(doc, "openai.principal_tokens[app].token_hash_sha256")
-    assert "'not-a-hash' is not a SHA-256 hex digest" in message
+    assert "<redacted> (str) is not a SHA-256 hex digest" in message
     assert "64 hexadecimal characters" in message
+    assert "sk-raw-token" not in message
 
 
 def test_principal_token_hash_is_normalized_to_lowercase():
