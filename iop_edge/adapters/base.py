@@ -16,8 +16,10 @@ Failure contract, the same for every adapter:
 - after a stream started (reset, stall, malformed frame, an error reported in the stream, CLI
   crash): the same :class:`~iop_edge.errors.AdapterError` raised out of
   :attr:`UpstreamStream.frames` — the caller renders it for the client;
-- an upstream's own HTTP error status is not an exception: it comes back as an
-  :class:`UpstreamReply` with that status and an OpenAI error envelope;
+- an upstream's own HTTP error status (400–599) is not an exception: it comes back as an
+  :class:`UpstreamReply` with that status and an OpenAI error envelope; any other status but
+  200 (1xx, 204, 205 and other 2xx, 3xx — redirects are not followed —, anything past 599) is
+  an ``upstream_error`` naming the status;
 - an endpoint the adapter cannot serve (``completions`` on ``ollama`` / ``cli``):
   :class:`UnsupportedRequestError`, status 400, code ``invalid_request_error``, raised before
   any I/O (check :attr:`Executor.endpoints` to refuse earlier).
@@ -92,12 +94,15 @@ class UpstreamReply:
 
     ``body`` is OpenAI-format JSON: a ``chat.completion`` / ``text_completion`` object with
     ``status`` 200, else an error envelope ``{"error": {"message", "type", "param", "code"}}``
-    carrying the upstream's own status.
+    carrying the upstream's own status (400–599). ``detail`` says, for the edge's log only,
+    what the upstream answered (its status line and the start of its body, which the client
+    does not see when it was not an OpenAI error).
     """
 
     status: int
     body: bytes
     usage: Usage
+    detail: str | None = None
 
 
 @dataclass(slots=True)

@@ -25,6 +25,8 @@ becomes ``finish_reason: "length"``, anything else ``"stop"``; ``message.thinkin
 ``reasoning_content``. A stream (NDJSON) becomes ``chat.completion.chunk`` frames as described
 in :mod:`iop_edge.adapters.openai_format`; an ``{"error": ...}`` line, a line that is not JSON,
 or an end before the ``"done": true`` line raises ``upstream_error`` out of the frames.
+Upstream statuses are mapped as :mod:`iop_edge.adapters.upstream_http` describes (200 an
+answer, 400–599 Ollama's error relayed with its status, anything else ``upstream_error``).
 """
 
 from __future__ import annotations

@@ -16,10 +16,12 @@
   usage is read from it. Streaming: SSE events are relayed one by one as they arrive, each as
   ``data: <payload>\\n\\n`` (comments and ``event:``/``id:`` fields are dropped), until
   ``data: [DONE]``; a stream that ends without it is a failure.
-- An upstream error status is returned as an :class:`UpstreamReply` with that status: an
-  OpenAI envelope passes through unchanged, any other body is wrapped into one. An error
-  event inside a stream (``data: {"error": ...}``) is raised as ``upstream_error`` instead of
-  being relayed, so the caller renders every mid-stream failure the same way.
+- An upstream error status (400–599) is returned as an :class:`UpstreamReply` with that
+  status: an OpenAI envelope passes through unchanged; any other body stays in the log and the
+  client gets an envelope naming the provider. Any other status but 200 (1xx, 2xx other than
+  200, 3xx, past 599) is an ``upstream_error``. An error event inside a stream
+  (``data: {"error": ...}``) is raised as ``upstream_error`` instead of being relayed, so the
+  caller renders every mid-stream failure the same way.
 """
 
 from __future__ import annotations

@@ -4,9 +4,15 @@
   on first use (a session needs a running loop; a payload is mapped without one). aiohttp's own
   timeouts are off: each exchange is bounded by one deadline (``request_timeout_ms``).
 - :class:`HttpTarget`: where one executor sends its requests and how it names itself in errors.
-- :func:`read_capped`, :class:`LineReader`, :func:`error_reply_body`: reading bodies within
+- :func:`read_capped`, :class:`LineReader`, :func:`error_reply`: reading bodies within
   size caps; :func:`upstream_error` maps the third-party exceptions met on the way to
   :class:`~iop_edge.errors.AdapterError` (the adapters raise it once, ``from exc``).
+
+Statuses: 200 is an answer; 400–599 is the upstream's own error, relayed with its status in
+an OpenAI envelope (an upstream's OpenAI envelope as is; any other body — an HTML page from a
+proxy — stays in the log, the client gets a sentence naming the provider); anything else (1xx,
+204, 205 and other 2xx, 3xx — redirects are never followed —, a status past 599) is an
+``upstream_error`` (502) whose message, for the log, names what came back.
 
 A cancelled or failed exchange closes (never pools) its connection, so the upstream sees the
 client go at once.
@@ -39,7 +45,7 @@ __all__ = [
     "LineReader",
     "ResponseTooLarge",
     "error_envelope",
-    "error_reply_body",
+    "error_reply",
     "read_capped",
     "redact_url",
     "static_headers",
@@ -53,6 +59,8 @@ MAX_FRAME_BYTES: Final = 4 * 1024 * 1024
 """Cap on one line of an upstream stream (an SSE line or an NDJSON object)."""
 
 _MAX_ERROR_BODY: Final = 64 * 1024
+_MAX_ERROR_DETAIL: Final = 500
+"""Characters of a non-OpenAI error body kept for the log line."""
 
 
 class ResponseTooLarge(Exception):
@@ -279,29 +287,54 @@ def error_envelope(status: int, message: str, code: str | None = None) -> bytes:
     return orjson.dumps(body)
 
 
-async def error_reply_body(response: aiohttp.ClientResponse, label: str) -> bytes:
-    """The body of an upstream error status as an OpenAI envelope.
+async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamReply:
+    """The upstream's error status (400–599) as an :class:`UpstreamReply` in the OpenAI
+    envelope, with a ``detail`` for the log.
 
-    An upstream that already answers with an OpenAI envelope is passed through as is; any other
-    body (HTML from a proxy, Ollama's ``{"error": "text"}``, plain text) is wrapped.
+    An upstream that already answers with an OpenAI envelope is passed through as is, and
+    Ollama's ``{"error": "text"}`` becomes one; any other body (HTML from a proxy, plain text)
+    is not shown to the client — it may be a whole page, or echo internals — only the start of
+    it goes to the log.
     """
+    status, reason = response.status, response.reason or ""
     raw = await read_capped_prefix(response, _MAX_ERROR_BODY)
     parsed: Any = None
     with contextlib.suppress(orjson.JSONDecodeError):
         parsed = orjson.loads(raw)
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return raw
-        if isinstance(error, str) and error:
-            return error_envelope(response.status, error)
-    text = raw.decode("utf-8", errors="replace").strip()
-    reason = response.reason or ""
-    detail = f": {text[:500]}" if text else ""
-    return error_envelope(
-        response.status,
-        f"the upstream of {label} answered {response.status} {reason}{detail}".rstrip(),
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        detail = f"the upstream answered {status} {reason}: {_excerpt(error['message'])}"
+        return UpstreamReply(status, raw, Usage(), detail)
+    if isinstance(error, str) and error:
+        detail = f"the upstream answered {status} {reason}: {_excerpt(error)}"
+        return UpstreamReply(status, error_envelope(status, error), Usage(), detail)
+    text = _excerpt(raw.decode("utf-8", errors="replace"))
+    body = error_envelope(
+        status,
+        f"The upstream of {label} answered HTTP {status} with a body that is not an OpenAI "
+        "error; the edge's log has it under this request's x-request-id.",
         code="upstream_error",
+    )
+    detail = f"the upstream answered {status} {reason}: {text or '(empty body)'}"
+    return UpstreamReply(status, body, Usage(), detail)
+
+
+def _excerpt(text: str) -> str:
+    """At most :data:`_MAX_ERROR_DETAIL` characters of ``text`` on one line."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _MAX_ERROR_DETAIL else flat[: _MAX_ERROR_DETAIL - 3] + "..."
+
+
+def unexpected_status(
+    target: HttpTarget, url: str, response: aiohttp.ClientResponse
+) -> AdapterError:
+    """The ``upstream_error`` for a status that is neither 200 nor an error (400–599)."""
+    reason = _excerpt(response.reason or "")[:80]
+    return target.broken(
+        url,
+        f"it answered HTTP {response.status} {reason}".rstrip()
+        + "; the edge relays only 200 (an answer) or 400-599 (an error), and never follows "
+        "a redirect",
     )
 
 
@@ -318,8 +351,9 @@ async def read_capped_prefix(response: aiohttp.ClientResponse, limit: int) -> by
 async def post_for_body(
     backend: HttpBackend, target: HttpTarget, url: str, payload: bytes, extra: Mapping[str, str]
 ) -> bytes | UpstreamReply:
-    """POST ``payload`` and read the whole 2xx body; an upstream error status comes back as an
-    :class:`UpstreamReply` in the OpenAI envelope. Failures raise the mapped AdapterError.
+    """POST ``payload`` and read the whole body of a 200; an upstream error status (400–599)
+    comes back as an :class:`UpstreamReply` in the OpenAI envelope. Failures — any other
+    status included — raise the mapped AdapterError.
 
     Whatever happens the response is let go: a body read to the end goes back to the pool,
     anything else (a cancelled caller, a timeout) aborts the connection, so the upstream sees
@@ -330,15 +364,22 @@ async def post_for_body(
     try:
         async with asyncio.timeout_at(target.deadline()):
             response = await backend.session().post(
-                parsed_url(url), data=payload, headers=target.request_headers(extra)
+                parsed_url(url),
+                data=payload,
+                headers=target.request_headers(extra),
+                allow_redirects=False,
             )
-            if not 200 <= response.status < 300:
-                body = await error_reply_body(response, target.label)
+            if response.status != 200:
+                if not 400 <= response.status <= 599:
+                    raise unexpected_status(target, url, response)
+                reply = await error_reply(response, target.label)
                 finished = True
-                return UpstreamReply(response.status, body, Usage())
+                return reply
             raw = await read_capped(response)
         finished = True
         return raw
+    except AdapterError:
+        raise
     except Exception as exc:
         raise upstream_error(target, url, exc) from exc
     finally:
@@ -349,23 +390,29 @@ async def post_for_body(
 async def post_for_stream(
     backend: HttpBackend, target: HttpTarget, url: str, payload: bytes, extra: Mapping[str, str]
 ) -> tuple[aiohttp.ClientResponse, float] | UpstreamReply:
-    """POST ``payload`` for a streamed answer: the open 2xx response (the caller reads and closes
-    it) with the call's deadline, or the upstream's error status as an :class:`UpstreamReply`."""
+    """POST ``payload`` for a streamed answer: the open 200 response (the caller reads and closes
+    it) with the call's deadline, or the upstream's error status (400–599) as an
+    :class:`UpstreamReply`; any other status raises ``upstream_error``."""
     deadline = target.deadline()
     response: aiohttp.ClientResponse | None = None
     try:
         async with asyncio.timeout_at(deadline):
             response = await backend.session().post(
-                parsed_url(url), data=payload, headers=target.request_headers(extra)
+                parsed_url(url),
+                data=payload,
+                headers=target.request_headers(extra),
+                allow_redirects=False,
             )
-            if not 200 <= response.status < 300:
-                body = await error_reply_body(response, target.label)
+            if response.status != 200:
+                if not 400 <= response.status <= 599:
+                    raise unexpected_status(target, url, response)
+                reply = await error_reply(response, target.label)
                 response.release()
-                return UpstreamReply(response.status, body, Usage())
+                return reply
     except BaseException as exc:
         if response is not None:
             response.close()
-        if isinstance(exc, Exception):
+        if isinstance(exc, Exception) and not isinstance(exc, AdapterError):
             raise upstream_error(target, url, exc) from exc
         raise
     return response, deadline

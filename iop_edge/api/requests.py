@@ -2,12 +2,16 @@
 
 Pure functions of the body and the catalog entry; the server calls them before admission.
 
-**Token estimate.** The input of a request is estimated as ``ceil(B / 4) + 3 × M`` tokens, where
-``B`` is the number of UTF-8 bytes of its text — message contents (strings and ``text`` parts),
-names, tool-call arguments, and the JSON of ``tools`` — and ``M`` the number of messages (for
-``/v1/completions``: the prompt's bytes, ``M`` = 0). It costs one pass over the text, is monotone
-in text length, and lands near real tokenizers: about 4 characters per token for English, about
-one token per character for Korean or Chinese (3 bytes each).
+**Token estimate.** The input of a request is estimated as ``ceil(B / 4) + I + 3 × M`` tokens,
+where ``B`` is the number of UTF-8 bytes of its text — message contents (strings and ``text``
+parts), names, tool-call arguments and legacy ``function_call`` arguments, and the JSON of
+``tools`` — ``I`` the number of token ids it sends as such, and ``M`` the number of messages.
+For ``/v1/completions`` the text is the prompt's strings and every token id of a token-id
+prompt (``[1, 2, 3]``, or ``[[1, 2], [3]]`` for a batch) counts as one token; ``M`` = 0. It
+costs one pass over the text, is monotone in text length, and lands near real tokenizers: about
+4 characters per token for English, about one token per character for Korean or Chinese (3
+bytes each) — and exactly right for token ids. (Counting ids as nothing would let a client
+send a long context in a general slot.)
 """
 
 from __future__ import annotations
@@ -96,10 +100,26 @@ def _text_bytes(value: Any) -> int:
     return 0
 
 
+def _prompt_tokens(prompt: Any) -> int:
+    """A completions prompt: a string, a list of strings (a batch), a list of token ids, or a
+    list of token-id lists (a batch). Text counts by bytes, a token id as one token."""
+    if not isinstance(prompt, list):
+        return -(-_text_bytes(prompt) // 4)
+    text = ids = 0
+    for part in prompt:
+        if isinstance(part, str):
+            text += _text_bytes(part)
+        elif isinstance(part, list):
+            ids += len(part)  # a token-id list (each item at least one token)
+        elif isinstance(part, int):
+            ids += 1
+    return -(-text // 4) + ids
+
+
 def estimate_input_tokens(body: dict[str, Any], endpoint: Endpoint) -> int:
     """The documented estimate of a request's input tokens (see the module docstring)."""
     if endpoint == "completions":
-        return -(-_text_bytes(body.get("prompt")) // 4)
+        return _prompt_tokens(body.get("prompt"))
     total = 0
     messages = body["messages"]
     for message in messages:
@@ -107,6 +127,9 @@ def estimate_input_tokens(body: dict[str, Any], endpoint: Endpoint) -> int:
         for call in message.get("tool_calls") or ():
             if isinstance(call, dict) and isinstance(call.get("function"), dict):
                 total += _text_bytes(call["function"].get("arguments"))
+        legacy = message.get("function_call")
+        if isinstance(legacy, dict):
+            total += _text_bytes(legacy.get("arguments"))
     tools = body.get("tools")
     if tools:
         try:

@@ -192,20 +192,32 @@ async def test_upstream_error_status_and_envelope_pass_through(
     assert reply_json(streamed)["error"]["message"] == "slow down"
 
 
-async def test_a_non_json_upstream_error_is_wrapped_in_an_openai_envelope(
+async def test_a_non_json_upstream_error_is_wrapped_and_its_body_kept_for_the_log_only(
     sets: SetFactory,
 ) -> None:
+    """Issue 10: an upstream's HTML error page never reaches the client; the client gets the
+    upstream's status in an OpenAI envelope naming the provider, the log the page's start."""
+    page = "<html><body>nginx: bad gateway " + "x" * 2000 + "</body></html>"
+
     async def bad_gateway(request: web.Request) -> web.Response:
-        return web.Response(status=502, text="<html>nginx: bad gateway</html>")
+        return web.Response(status=502, text=page)
 
     async with serve("/v1/chat/completions", bad_gateway) as origin:
-        reply = await provider_set(sets, f"{origin}/v1").for_provider("p1").complete(chat())
-    assert reply.status == 502
-    error = reply_json(reply)["error"]
-    assert error["type"] == "server_error"
-    assert error["code"] == "upstream_error"
-    assert "'p1'" in error["message"]
-    assert "nginx: bad gateway" in error["message"]
+        executor = provider_set(sets, f"{origin}/v1").for_provider("p1")
+        reply = await executor.complete(chat())
+        streamed = await executor.open_stream(chat(stream=True))
+    for got in (reply, streamed):
+        assert isinstance(got, UpstreamReply)
+        assert got.status == 502
+        error = reply_json(got)["error"]
+        assert error["type"] == "server_error"
+        assert error["code"] == "upstream_error"
+        assert "'p1'" in error["message"]
+        assert "nginx" not in error["message"]
+        assert "html" not in got.body.decode()
+        assert got.detail is not None
+        assert got.detail.startswith("the upstream answered 502 Bad Gateway: <html><body>nginx")
+        assert len(got.detail) <= 560  # 500 characters of the page, and the status line
 
 
 async def test_connection_refused_is_an_upstream_error_naming_provider_and_url(

@@ -101,6 +101,43 @@ def test_token_estimate_is_a_quarter_of_the_utf8_bytes_plus_3_per_message():
     assert estimate_input_tokens({"prompt": ["abcd", "efgh"]}, "completions") == 2
 
 
+def test_token_estimate_counts_each_token_id_of_a_prompt_as_one_token():
+    """Issue 10: a token-id prompt used to count as 0 (a long context in a general slot)."""
+    assert estimate_input_tokens({"prompt": [1, 2, 3]}, "completions") == 3
+    assert estimate_input_tokens({"prompt": [[1, 2], [3]]}, "completions") == 3
+    assert estimate_input_tokens({"prompt": list(range(150_000))}, "completions") == 150_000
+    assert estimate_input_tokens({"prompt": ["abcd", [1, 2]]}, "completions") == 1 + 2
+    assert estimate_input_tokens({"prompt": "abcd" * 3}, "completions") == 3
+
+
+def test_a_token_id_prompt_over_the_threshold_is_long_context():
+    body = {"model": "m", "prompt": list(range(2000))}
+    prepared = prepare(body, "completions", model(context_window_tokens=10_000), threshold=1000)
+    assert (prepared.estimated_input_tokens, prepared.long_context) == (2000, True)
+    with pytest.raises(RequestError) as caught:
+        prepare({"model": "m", "prompt": [list(range(600))] * 2}, "completions", model(), 100)
+    assert caught.value.code == "context_length_exceeded"
+
+
+def test_token_estimate_counts_legacy_function_call_arguments():
+    """Issue 10: ``function_call.arguments`` of a legacy assistant message used to be ignored."""
+    arguments = '{"city": "' + "x" * 390 + '"}'
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "function_call": {"name": "get_weather", "arguments": arguments},
+            },
+            {"role": "function", "name": "get_weather", "content": "sunny"},
+        ],
+    }
+    text = len("weather?") + len(arguments) + len("get_weather") + len("sunny")
+    assert estimate_input_tokens(body, "chat/completions") == -(-text // 4) + 3 * 3
+
+
 def test_token_estimate_is_monotone_in_text_length():
     estimates = [estimate_input_tokens(chat("x" * n), "chat/completions") for n in range(200)]
     assert estimates == sorted(estimates)
