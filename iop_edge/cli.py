@@ -6,10 +6,17 @@ rejected, 2 usage error, 3 restart required.
 
 from __future__ import annotations
 
+# Before every other import (they take a few hundred milliseconds): from here on, a SIGHUP sent
+# to `iop-edge serve` is remembered for the daemon instead of killing the process.
+from iop_edge import sighup  # noqa: F401 - imported for its effect (the early handler)
+
+# isort: split
+
 import argparse
 import json
 import os
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,11 +25,14 @@ from typing import Any, NoReturn
 import yaml
 
 from iop_edge import __version__
-from iop_edge.config import ConfigError, ConfigProblem, EdgeConfig, dump_config, load_config
+from iop_edge.api.auth import ADMIN_TOKEN_ENV
+from iop_edge.config import ConfigError, EdgeConfig, dump_config
+from iop_edge.config.load import parse_yaml
 from iop_edge.config.payload import node_payload
 from iop_edge.config.redact import redact
 from iop_edge.config.refresh import RefreshResult, refresh
 from iop_edge.config.schema import PrincipalToken
+from iop_edge.config_file import load_config_file, read_config_text
 from iop_edge.tokens import new_token, token_hash
 
 EXIT_OK = 0
@@ -39,14 +49,9 @@ def default_config_path() -> str:
 
 
 def read_config(path: str) -> EdgeConfig:
-    """Read and load a config file; unreadable files become a one-line ConfigError."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            [ConfigProblem("", f"cannot read config {path}: {exc.strerror or exc}")]
-        ) from exc
-    return load_config(text, env=os.environ, source=path)
+    """Read and load a config file as the daemon does (:mod:`iop_edge.config_file`): an
+    unreadable, non-regular, oversized or non-UTF-8 file becomes a one-line ConfigError."""
+    return load_config_file(path, os.environ)
 
 
 def _print_problems(exc: ConfigError, as_json: bool) -> None:
@@ -162,7 +167,10 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
     if not args.offline:
         url = f"{_console_url(args)}/admin/config/refresh?mode={mode}"
         try:
-            data = _admin_call(url, "POST")
+            data = _admin_call(url, "POST", _admin_token(args))
+        except AdminCallError as exc:
+            print(f"iop-edge config refresh: {exc}", file=sys.stderr)
+            return EXIT_INVALID
         except OSError as exc:
             print(
                 f"iop-edge config refresh: cannot reach the daemon's admin API at {url}: {exc} "
@@ -180,9 +188,9 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
         _print_problems(exc, False)
         return EXIT_INVALID
     try:
-        text = Path(args.config).read_text(encoding="utf-8")
-    except OSError as exc:
-        print(f"cannot read config {args.config}: {exc.strerror or exc}", file=sys.stderr)
+        text = read_config_text(args.config)
+    except ConfigError as exc:
+        _print_problems(exc, False)
         return EXIT_INVALID
     result = refresh(running, text, mode=mode, env=os.environ, source=args.config).result
     print(json.dumps(result.to_json(), indent=2) if args.json else format_refresh(result))
@@ -193,7 +201,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``iop-edge serve --config FILE``: run the daemon until SIGTERM/SIGINT."""
     from iop_edge.daemon import Daemon, early_sighup
 
-    with early_sighup() as hup:  # from the first instant: Python's default would kill us
+    with early_sighup() as hup:  # kept from sighup's import-time handler, never default
         try:
             config = read_config(args.config)
         except ConfigError as exc:
@@ -211,7 +219,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         import uvloop
 
-        return uvloop.run(daemon.run(hup_pending=bool(hup)))
+        return uvloop.run(daemon.run(early_sighups=hup))
 
 
 def _console_url(args: argparse.Namespace) -> str:
@@ -221,11 +229,11 @@ def _console_url(args: argparse.Namespace) -> str:
         return str(args.console).rstrip("/")
     listen = "127.0.0.1:7601"
     try:
-        data = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
+        data = parse_yaml(read_config_text(args.config))  # bounded: never hangs on a FIFO
         console = data.get("console") if isinstance(data, dict) else None
         if isinstance(console, dict) and isinstance(console.get("listen"), str):
             listen = console["listen"]
-    except (OSError, yaml.YAMLError):
+    except ConfigError:
         pass
     host, _, port = listen.rpartition(":")
     if host in ("0.0.0.0", "", "[::]"):
@@ -233,18 +241,56 @@ def _console_url(args: argparse.Namespace) -> str:
     return f"http://{host}:{port}"
 
 
-def _admin_call(url: str, method: str = "GET") -> Any:
-    """One JSON call to the admin API (stdlib only); raises OSError when it is unreachable."""
-    request = urllib.request.Request(url, method=method)
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())
+class AdminCallError(Exception):
+    """The admin API refused a call (its error message included), or the admin token could
+    not be read."""
+
+
+def _admin_token(args: argparse.Namespace) -> str | None:
+    """The admin token: ``--admin-token-file FILE`` (its first line), else
+    ``$IOP_EDGE_ADMIN_TOKEN``; None when neither is given. Never an argument on the command
+    line itself: other users of the machine could read it in the process list."""
+    path = getattr(args, "admin_token_file", None)
+    if path:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AdminCallError(f"cannot read the admin token file {path}: {exc}") from None
+        return lines[0].strip() if lines else None
+    return os.environ.get(ADMIN_TOKEN_ENV) or None
+
+
+def _admin_call(url: str, method: str = "GET", token: str | None = None) -> Any:
+    """One JSON call to the admin API (stdlib only), with the admin token when there is one.
+    Raises OSError when it is unreachable, :class:`AdminCallError` when it refuses."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            raw = exc.read()
+        try:
+            message = json.loads(raw)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = raw.decode("utf-8", errors="replace").strip()[:300]
+        hint = ""
+        if exc.code == 401 and not token:
+            hint = f" (no admin token was sent: set {ADMIN_TOKEN_ENV} or --admin-token-file)"
+        raise AdminCallError(
+            f"the admin API at {url} refused the request with HTTP {exc.code}: {message}{hint}"
+        ) from None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``iop-edge status [--json]``: the running daemon's status, from its admin API."""
     url = _console_url(args) + "/admin/status"
     try:
-        status = _admin_call(url)
+        status = _admin_call(url, "GET", _admin_token(args))
+    except AdminCallError as exc:
+        print(f"iop-edge status: {exc}", file=sys.stderr)
+        return EXIT_INVALID
     except OSError as exc:
         print(f"iop-edge status: cannot reach the admin API at {url}: {exc}", file=sys.stderr)
         return EXIT_INVALID
@@ -321,10 +367,30 @@ def cmd_token_new(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_token_admin(args: argparse.Namespace) -> int:
+    """``iop-edge token admin``: print a new admin token once, and its hash for
+    ``console.admin_token_sha256``."""
+    token = new_token()
+    digest = token_hash(token)
+    if args.json:
+        print(json.dumps({"token": token, "console": {"admin_token_sha256": digest}}, indent=2))
+        return EXIT_OK
+    print(
+        "admin token (shown only now; give it to iop-edge status / config refresh through "
+        f"${ADMIN_TOKEN_ENV} or --admin-token-file, and keep no other copy): {token}"
+    )
+    print("# set in edge.yaml (then restart the daemon):")
+    print(f"console:\n  admin_token_sha256: {digest}")
+    return EXIT_OK
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+_ADMIN_TOKEN_HELP = f"read the admin token from FILE (default: ${ADMIN_TOKEN_ENV})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -347,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="the running daemon's status (admin API)")
     status.add_argument("--config", default=default_config_path(), help="to find console.listen")
     status.add_argument("--console", metavar="URL", help="admin API base URL")
+    status.add_argument("--admin-token-file", metavar="FILE", help=_ADMIN_TOKEN_HELP)
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
 
@@ -381,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     modes.add_argument("--dry-run", action="store_true", help="report only (the default)")
     modes.add_argument("--apply", action="store_true", help="apply the live part")
     refresh_cmd.add_argument("--console", metavar="URL", help="admin API base URL")
+    refresh_cmd.add_argument("--admin-token-file", metavar="FILE", help=_ADMIN_TOKEN_HELP)
     refresh_cmd.add_argument("--json", action="store_true")
     refresh_cmd.set_defaults(func=cmd_config_refresh)
 
@@ -392,6 +460,11 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--alias", help="display name of the principal")
     new.add_argument("--json", action="store_true")
     new.set_defaults(func=cmd_token_new)
+    admin = token_sub.add_parser(
+        "admin", help="generate an admin token and its console.admin_token_sha256"
+    )
+    admin.add_argument("--json", action="store_true")
+    admin.set_defaults(func=cmd_token_admin)
     return parser
 
 

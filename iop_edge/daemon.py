@@ -2,20 +2,22 @@
 
 Start: build the scheduler, the adapters and the OpenAI surface from the config; bind the
 OpenAI, metrics and console listeners; start the supervisor (file watch, SIGHUP, admin refresh);
-tell systemd ``READY=1``. Stop (SIGTERM/SIGINT): ``STOPPING=1``, stop accepting, let requests in
-flight and in the queue finish for up to ``drain_timeout`` seconds, cancel the rest (leases are
-released, CLI process groups killed), close upstream connections, exit 0.
+tell systemd ``READY=1``. Stop (SIGTERM/SIGINT), all within ``drain_timeout`` seconds of the
+signal: ``STOPPING=1``, stop accepting, let requests in flight and in the queue finish until the
+cancellation reserve (:func:`cancel_reserve`) before the end, cancel the rest (leases are
+released, upstream calls aborted, CLI process groups killed), close upstream connections, exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,21 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from iop_edge import sighup
+from iop_edge.adapters.cli_process import KILL_GRACE_SECONDS
 from iop_edge.admission import AdmissionScheduler, MonotonicClock
 from iop_edge.api.admin import AdminAPI
 from iop_edge.api.catalog import build_catalog, pool_policy
 from iop_edge.api.server import Executors, OpenAIServer
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
+from iop_edge.listeners import (
+    ADMIN_MAX_CONNECTIONS,
+    ConnectionLimits,
+    FdLimit,
+    Listener,
+    raise_fd_limit,
+)
 from iop_edge.logs import flush_logs, get_logger
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.seams import Clock
@@ -39,39 +50,11 @@ from iop_edge.systemd import Notifier
 DEFAULT_DRAIN_TIMEOUT = 30.0
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) → ``(host, port)``."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-@dataclass
-class Listener:
-    """One bound aiohttp site and the address it actually listens on (port 0 resolved)."""
-
-    runner: web.AppRunner
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        """``http://host:port`` of the listener."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-
-async def bind(app: web.Application, address: str, *, drain_timeout: float = 5.0) -> Listener:
-    """Serve ``app`` on ``address``. Client disconnects cancel their handler; on cleanup the
-    runner stops accepting, waits up to ``drain_timeout`` for handlers, then cancels them."""
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout
-    )
-    await runner.setup()
-    host, port = split_address(address)
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    bound_port = runner.addresses[0][1]  # the real port when 0 was asked for
-    return Listener(runner=runner, host=host, port=bound_port)
+def cancel_reserve(drain_timeout: float) -> float:
+    """The end of a drain kept for cancelling what is still running: a quarter of the drain
+    timeout, at most 2.5 s — the CLI kill grace (SIGTERM, then SIGKILL 2 s later to a group
+    that lingers) and half a second to spare."""
+    return min(drain_timeout / 4, KILL_GRACE_SECONDS + 0.5)
 
 
 @dataclass
@@ -103,7 +86,10 @@ class Daemon:
         self.scheduler = AdmissionScheduler(pool_policy(self.config), clock=self.clock)
         self.executors = Executors.from_config(self.config)
         self.metrics = EdgeMetrics(
-            self.registry, self.scheduler.statistics, lambda: self.supervisor
+            self.registry,
+            self.scheduler.statistics,
+            lambda: self.supervisor,
+            lambda: [listener.statistics() for listener in self.listeners.values()],
         )
         self.server = OpenAIServer(
             self.config,
@@ -162,14 +148,23 @@ class Daemon:
                 message="openai.principal_tokens is empty: every request is accepted as "
                 "'anonymous'" + ("" if is_loopback(config.openai.listen) else " (allow_anonymous)"),
             )
-        self.listeners["openai"] = await bind(
-            self.server.build_app(), config.openai.listen, drain_timeout=self.drain_timeout
-        )
+        if config.metrics.enabled and not is_loopback(config.metrics.listen):
+            self.log.warning(
+                "metrics_not_loopback",
+                listen=config.metrics.listen,
+                message="metrics.listen is not a loopback address: /metrics has no "
+                "authentication, and anyone who reaches it sees model, provider and token_ref "
+                "names and the traffic; firewall it or listen on 127.0.0.1",
+            )
+        limits = ConnectionLimits.from_config(config.openai)
+        # The admin listeners share the OpenAI listener's timeouts, with a small cap of their own.
+        admin_limits = dataclasses.replace(limits, max_connections=ADMIN_MAX_CONNECTIONS)
+        await self._bind("openai", self.server.build_app(), config.openai.listen, limits)
         if config.metrics.enabled:
-            self.listeners["metrics"] = await bind(self._metrics_app(), config.metrics.listen)
+            await self._bind("metrics", self._metrics_app(), config.metrics.listen, admin_limits)
         if config.console.enabled and self.supervisor is not None:
             admin = AdminAPI(config.edge.id, self.supervisor, self.scheduler)
-            self.listeners["console"] = await bind(admin.build_app(), config.console.listen)
+            await self._bind("console", admin.build_app(), config.console.listen, admin_limits)
         if self.supervisor is not None:
             self.supervisor.start(watch=self.watch)
         if self.notifier.watchdog_interval:
@@ -187,11 +182,29 @@ class Daemon:
             **{name: listener.url for name, listener in self.listeners.items()},
         )
 
+    async def _bind(
+        self, name: str, app: web.Application, address: str, limits: ConnectionLimits
+    ) -> None:
+        self.listeners[name] = await Listener.bind(
+            name, app, address, limits, clock=self.clock, log=self.log
+        )
+
     async def stop(self) -> None:
-        """Drain and stop: stop accepting, let work finish up to ``drain_timeout``, cancel the
-        rest, close the upstream connections."""
+        """Drain and stop, all within ``drain_timeout`` seconds: stop accepting, let work in
+        flight and in the queue finish until :func:`cancel_reserve` before the end, cancel the
+        rest, close the upstream connections.
+
+        The console and metrics listeners keep answering during the drain (status and scrapes
+        show it) and close once the OpenAI listener is done.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_timeout
+        cut_at = deadline - cancel_reserve(self.drain_timeout)
         self.notifier.stopping()
         self.server.ready = False
+        openai = self.listeners.pop("openai", None)
+        if openai is not None:
+            openai.stop_accepting()
         stats = self.scheduler.statistics()
         self.log.info(
             "draining",
@@ -199,40 +212,84 @@ class Daemon:
             queued=stats.queue_depth,
             timeout_s=self.drain_timeout,
         )
-        for task in self._tasks:
-            task.cancel()
         if self.supervisor is not None:
-            await self.supervisor.stop()
-        openai = self.listeners.pop("openai", None)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(cut_at):
+                    await self.supervisor.stop()
         if openai is not None:
-            await openai.runner.cleanup()  # waits for in-flight and queued requests, bounded
+            await self._drain(openai, cut_at, deadline)
         for listener in self.listeners.values():
-            await listener.runner.cleanup()
+            listener.stop_accepting()
+        for listener in self.listeners.values():
+            await self._drain(listener, deadline, deadline)
         self.listeners.clear()
-        await self.executors.aclose()
+        # CLI process groups cancelled at the cut get SIGTERM, and SIGKILL after the grace if
+        # they linger: waiting for that may pass the deadline when the drain is shorter than
+        # four graces, never by more than one.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(max(deadline, loop.time() + KILL_GRACE_SECONDS + 0.5)):
+                await self.executors.aclose()
+        for task in self._tasks:  # the watchdog pings until the very end
+            task.cancel()
         stats = self.scheduler.statistics()
         self.log.info("stopped", in_flight=stats.in_flight, queued=stats.queue_depth)
         self.notifier.close()
         flush_logs()
 
-    async def run(self, *, hup_pending: bool = False) -> int:
+    async def _drain(self, listener: Listener, cut_at: float, deadline: float) -> None:
+        """Let ``listener``'s requests finish until ``cut_at``; then cut what is left and wait
+        for it to unwind until ``deadline``; release the listener."""
+        listener.stop_accepting()
+        if not await listener.drain(cut_at):
+            if listener.name == "openai":
+                self.server.cutting = True  # the cut requests log 503 drain_timeout
+            cut = listener.cut()
+            self.log.warning(
+                "drain_timeout",
+                listener=listener.name,
+                cut=cut,
+                timeout_s=self.drain_timeout,
+                message=f"cancelled {cut} connection(s) still busy when the drain ran out",
+            )
+            await listener.drain(deadline)
+        await listener.close()
+
+    async def run(self, *, early_sighups: Sequence[int] = ()) -> int:
         """Serve until SIGTERM or SIGINT, then drain and stop; returns the exit code.
 
-        SIGHUP asks the supervisor for a refresh; ``hup_pending`` says one arrived during
-        start-up (before the loop's handler was installed), which queues a refresh.
+        SIGHUP asks the supervisor for a refresh; ``early_sighups`` holds those that arrived
+        before the loop's handler was installed (:mod:`iop_edge.sighup`): if any did, one
+        refresh is queued. The soft open-file limit is raised to the hard one first.
         """
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopped.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         try:
+            self._log_fd_limit(raise_fd_limit())
             await self.start()
-            if hup_pending:
+            if early_sighups:  # read after the loop's handler went in: none is lost
                 self._on_hup()
             await self.stopped.wait()
         finally:
             await self.stop()
+            _hand_sighup_back(loop)
         return 0
+
+    def _log_fd_limit(self, limit: FdLimit) -> None:
+        config = self.config
+        caps = config.openai.max_connections + ADMIN_MAX_CONNECTIONS * 2
+        self.log.info("fd_limit", soft_before=limit.soft_before, soft=limit.soft, hard=limit.hard)
+        # Each connection is a descriptor; requests add upstream sockets and CLI pipes.
+        if caps * 2 > limit.soft:
+            self.log.warning(
+                "fd_limit_low",
+                soft=limit.soft,
+                max_connections=config.openai.max_connections,
+                message=f"the open-file limit {limit.soft} is below twice the listeners' "
+                f"connection caps ({caps}): under load new connections may be reset before "
+                "the caps refuse them; raise LimitNOFILE or lower openai.max_connections",
+            )
 
     def _on_hup(self) -> None:
         if self.supervisor is not None:
@@ -254,12 +311,27 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def early_sighup() -> Any:
-    """Install a SIGHUP handler at once (Python's default would kill the process) that only
-    remembers the signal; yields a list that is non-empty once one arrived."""
-    seen: list[int] = []
-    previous = signal.signal(signal.SIGHUP, lambda signum, frame: seen.append(signum))
+def early_sighup() -> Iterator[list[int]]:
+    """Make sure SIGHUP only gets remembered (Python's default would kill the process) until
+    the daemon's loop takes it over; yields the list of those received (non-empty once one
+    arrived). :mod:`iop_edge.sighup` installs the same handler when ``iop-edge serve``
+    starts; on exit the handler found on entry is restored — unless it is that one: then the
+    process is about to end and SIGHUP stays ignored to the end (the interpreter resets a
+    Python handler to the default action, which kills, when it finalizes)."""
+    previous = signal.signal(signal.SIGHUP, sighup.remember)
     try:
-        yield seen
+        yield sighup.PENDING
     finally:
-        signal.signal(signal.SIGHUP, previous)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if previous is sighup.remember else previous)
+
+
+def _hand_sighup_back(loop: asyncio.AbstractEventLoop) -> None:
+    """Take SIGHUP back from the loop before it closes (closing would reset it to the default
+    action, which kills) and ignore it: the daemon is stopping. The signal is blocked while
+    the handlers swap, so there is no instant of default action in between."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        loop.remove_signal_handler(signal.SIGHUP)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})

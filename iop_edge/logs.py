@@ -3,13 +3,21 @@
 Events carry request ids, ``principal_ref`` and ``token_ref`` — the raw bearer token and the
 provider credential never reach a log line: the request path logs only the fields named in
 :data:`REQUEST_FIELDS`.
+
+An event logged with ``exc_info`` (``log.exception(...)``) carries its traceback: the JSON line
+in an ``exception`` field, the console rendering below the line. What libraries write through
+the stdlib :mod:`logging` module (asyncio's "socket.accept() out of system resource", aiohttp's
+"Error handling request") is routed into the same structured log at warning level and above,
+at most one line per message every :data:`LIBRARY_LOG_INTERVAL` seconds (:class:`StdlibBridge`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
@@ -32,6 +40,9 @@ REQUEST_FIELDS: Final = (
     "prompt_tokens",
     "completion_tokens",
 )
+
+LIBRARY_LOG_INTERVAL: Final = 10.0
+"""Seconds between two log lines of one repeated library message (the others are counted)."""
 
 _LEVELS: Final = {
     "debug": logging.DEBUG,
@@ -81,25 +92,37 @@ class LineWriter:
 
 
 def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:
-    """Configure structlog for the process: JSON lines (or console) on ``stream`` (stderr)."""
+    """Configure structlog for the process: JSON lines (or console) on ``stream`` (stderr), and
+    route the stdlib ``logging`` records of libraries into it (:class:`StdlibBridge`)."""
     global _writer, _fast_json
     writer = _writer = LineWriter(stream or sys.stderr)
     _fast_json = fmt == "json" and _LEVELS[level] <= logging.INFO
-    renderer: structlog.typing.Processor
+    renderers: list[structlog.typing.Processor]
     if fmt == "console":
-        renderer = structlog.dev.ConsoleRenderer(colors=False)
+        # The console renderer prints an event's exc_info as a traceback below the line.
+        renderers = [
+            structlog.dev.ConsoleRenderer(
+                colors=False, exception_formatter=structlog.dev.plain_traceback
+            )
+        ]
     else:
-        renderer = structlog.processors.JSONRenderer(serializer=_orjson_dumps)
+        # exc_info=True (log.exception) becomes the traceback text in "exception": without
+        # this processor the JSON line said only "exc_info": true.
+        renderers = [
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(serializer=_orjson_dumps),
+        ]
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
+            *renderers,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         logger_factory=lambda *args: writer,
         cache_logger_on_first_use=True,
     )
+    StdlibBridge.install(get_logger("library"), max(_LEVELS[level], logging.WARNING))
 
 
 _writer: LineWriter | None = None
@@ -141,3 +164,77 @@ def flush_logs() -> None:
 def get_logger(name: str = "iop_edge") -> Any:
     """A structlog logger bound to the component ``name``."""
     return structlog.get_logger(component=name)
+
+
+class RateLimiter:
+    """Lets an event through at most once every ``interval`` seconds per key and counts the
+    ones it holds back: :meth:`allow` returns how many occurrences (this one included) the
+    line to write stands for, or 0 when the line is to be skipped."""
+
+    def __init__(
+        self, interval: float = LIBRARY_LOG_INTERVAL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval = interval
+        self._clock = clock
+        self._last: dict[object, float] = {}
+        self._held: dict[object, int] = {}
+
+    def allow(self, key: object) -> int:
+        """0 to skip this occurrence, else the count of occurrences the line reports."""
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval:
+            self._held[key] = self._held.get(key, 0) + 1
+            return 0
+        self._last[key] = now
+        return self._held.pop(key, 0) + 1
+
+
+_FD_ERRNOS: Final = (errno.EMFILE, errno.ENFILE)
+
+
+class StdlibBridge(logging.Handler):
+    """Writes the records of the stdlib ``logging`` module (asyncio, aiohttp, ...) to the
+    structured log: ``event`` is the message, ``logger`` the library's logger, ``exception``
+    the traceback, ``count`` how many times it happened since its last line (rate-limited per
+    logger and message). Running out of file descriptors (EMFILE/ENFILE, e.g. on accept) is
+    logged as the event ``fd_limit_reached``."""
+
+    def __init__(self, log: Any, level: int) -> None:
+        super().__init__(level)
+        self._log = log
+        self._limiter = RateLimiter()
+
+    @classmethod
+    def install(cls, log: Any, level: int) -> StdlibBridge:
+        """Make a bridge the root logger's only handler of this kind (replacing an earlier
+        one); records below ``level`` are dropped where they are made."""
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            if isinstance(handler, cls):
+                root.removeHandler(handler)
+        bridge = cls(log, level)
+        root.addHandler(bridge)
+        root.setLevel(level)
+        return bridge
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write ``record`` as one structured event, unless it is rate-limited."""
+        try:
+            exc = record.exc_info[1] if record.exc_info else None
+            fd_limit = isinstance(exc, OSError) and exc.errno in _FD_ERRNOS
+            count = self._limiter.allow((record.name, record.msg, fd_limit))
+            if not count:
+                return
+            fields: dict[str, Any] = {"logger": record.name, "count": count}
+            if record.exc_info:
+                fields["exc_info"] = record.exc_info
+            message = record.getMessage()
+            method = getattr(self._log, record.levelname.lower(), self._log.error)
+            if fd_limit:
+                fields["message"] = message
+                method("fd_limit_reached", **fields)
+            else:
+                method(message, **fields)
+        except Exception:  # a log handler must never raise into the code that logged
+            self.handleError(record)

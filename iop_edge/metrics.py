@@ -8,7 +8,7 @@ truth, nothing counted twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -19,6 +19,7 @@ from iop_edge.pool import PoolStatistics
 
 if TYPE_CHECKING:
     from iop_edge.api.server import RequestRecord
+    from iop_edge.listeners import ListenerStatistics
     from iop_edge.supervisor import RefreshRecord, Supervisor
 
 UNKNOWN_MODEL: Final = "(unknown)"
@@ -121,6 +122,42 @@ class StateCollector(Collector):
         )
 
 
+class ListenerCollector(Collector):
+    """The listeners' connections and what their guards refused or cut, read at scrape time
+    from each :meth:`iop_edge.listeners.Listener.statistics`."""
+
+    def __init__(self, listeners: Callable[[], Iterable[ListenerStatistics]]) -> None:
+        self._listeners = listeners
+
+    def collect(self) -> Iterator[Metric]:
+        """One snapshot of every bound listener."""
+        open_now = GaugeMetricFamily(
+            "iop_edge_listener_connections",
+            "Open client connections of a listener.",
+            labels=["listener"],
+        )
+        limit = GaugeMetricFamily(
+            "iop_edge_listener_max_connections",
+            "The connection cap of a listener.",
+            labels=["listener"],
+        )
+        events = CounterMetricFamily(
+            "iop_edge_listener_connection_events",
+            "Connections a listener refused at its cap, closed for a slow request head, or "
+            "cut because the client took no data.",
+            labels=["listener", "event"],
+        )
+        for stats in self._listeners():
+            open_now.add_metric([stats.name], stats.open_connections)
+            limit.add_metric([stats.name], stats.max_connections)
+            events.add_metric([stats.name, "refused"], stats.refused)
+            events.add_metric([stats.name, "header_timeout"], stats.header_timeouts)
+            events.add_metric([stats.name, "write_stall"], stats.write_stalls)
+        yield open_now
+        yield limit
+        yield events
+
+
 class _RequestChildren(NamedTuple):
     """The labelled series one (model, token_ref, code) request touches."""
 
@@ -140,6 +177,7 @@ class EdgeMetrics:
         registry: CollectorRegistry,
         statistics: Callable[[], PoolStatistics],
         supervisor: Callable[[], Supervisor | None],
+        listeners: Callable[[], Iterable[ListenerStatistics]] | None = None,
     ) -> None:
         self.registry = registry
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` series
@@ -189,6 +227,8 @@ class EdgeMetrics:
             registry=registry,
         )
         registry.register(StateCollector(statistics, supervisor))
+        if listeners is not None:
+            registry.register(ListenerCollector(listeners))
         self._children: dict[tuple[str, str, str], _RequestChildren] = {}
 
     def observe_request(self, record: RequestRecord) -> None:

@@ -1,10 +1,16 @@
-"""The admin API on ``console.listen`` (loopback by default; it has no authentication of its
-own, so keep it on loopback or behind a firewall).
+"""The admin API on ``console.listen`` (loopback by default).
 
 - ``GET /admin/status``: the running config (hash, generation, restart-pending paths, the last
   refresh) and the scheduler (queue depth, every provider's slots, the counters).
 - ``POST /admin/config/refresh?mode=dry_run|apply``: read the config file and refresh; the
   answer is the refresh result (any other mode is ``rejected``).
+
+Every request passes the same checks first (a middleware, so unknown paths too), each refusal
+a JSON error in the OpenAI envelope: no browser origin at all (an ``Origin`` header → 403
+``origin_not_allowed``); with ``console.admin_token_sha256``, ``Authorization: Bearer <admin
+token>`` (401 ``invalid_admin_token``); without one, only loopback ``Host`` names (403
+``host_not_allowed``: the console must then listen on loopback, and a browser page must not
+reach it through DNS rebinding); a POST body declared JSON (415 ``unsupported_media_type``).
 """
 
 from __future__ import annotations
@@ -13,27 +19,69 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from iop_edge.admission import AdmissionScheduler
+from iop_edge.api.auth import AdminTokenCheck
+from iop_edge.api.errors import describe, envelope
+from iop_edge.api.guard import RequestGuard, install_log_scrubber, require_json_body
+from iop_edge.config.schema import ConsoleSection
+from iop_edge.errors import IopEdgeError
 from iop_edge.supervisor import Supervisor
 
 _JSON = "application/json"
 
 
 class AdminAPI:
-    """Handlers of the admin listener."""
+    """Handlers of the admin listener.
 
-    def __init__(self, edge_id: str, supervisor: Supervisor, scheduler: AdmissionScheduler) -> None:
+    ``console`` is the section the listener was started with (restart-class: a refresh never
+    changes it); by default the supervisor's running config's.
+    """
+
+    def __init__(
+        self,
+        edge_id: str,
+        supervisor: Supervisor,
+        scheduler: AdmissionScheduler,
+        console: ConsoleSection | None = None,
+    ) -> None:
         self.edge_id = edge_id
         self.supervisor = supervisor
         self.scheduler = scheduler
+        section = console if console is not None else supervisor.running.console
+        self.token = AdminTokenCheck(section)
+        self.guard = RequestGuard(
+            allowed_origins=(),
+            loopback_hosts_only=not self.token.enabled,
+            no_origin="the admin API answers no web page (use iop-edge status or curl).",
+            why_loopback="console.admin_token_sha256 is not set; set it to reach the admin "
+            "API by other names.",
+        )
 
     def build_app(self) -> web.Application:
         """The aiohttp application of the console listener."""
-        app = web.Application()
+        install_log_scrubber()
+        app = web.Application(middlewares=[self._checks])
         app.router.add_get("/admin/status", self.status)
         app.router.add_post("/admin/config/refresh", self.refresh)
         return app
+
+    @web.middleware
+    async def _checks(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            self.guard.check(request.headers)
+            self.token.check(request.headers.get("Authorization"))
+            if request.method == "POST":
+                require_json_body(request)
+        except IopEdgeError as exc:
+            status, code, param = describe(exc)
+            return web.Response(
+                body=envelope(str(exc), code, status=status, param=param),
+                status=status,
+                content_type=_JSON,
+            )
+        return await handler(request)
 
     def snapshot(self) -> dict[str, Any]:
         """Everything ``GET /admin/status`` returns."""

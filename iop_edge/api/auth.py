@@ -1,6 +1,11 @@
-"""Who is calling: bearer token → SHA-256 → principal; and the provider credential to forward.
+"""Who is calling: bearer token → SHA-256 → principal; the admin token; and the provider
+credential to forward.
 
-Raw tokens exist only in the request being served: never logged, stored, labelled or forwarded.
+Raw tokens exist only in the request being served: never logged, stored, labelled or forwarded,
+and never quoted in an error message. A credential is printable ASCII (what ``iop-edge token
+new`` issues and what HTTP can carry safely): a header holding anything else — a pasted
+non-breaking space, bytes that are not UTF-8 (aiohttp hands those over as surrogate escapes) —
+is refused as malformed with a 401, before it is hashed or forwarded.
 """
 
 from __future__ import annotations
@@ -11,10 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from iop_edge.config.schema import OpenAISection
+from iop_edge.config.schema import ConsoleSection, OpenAISection
 from iop_edge.errors import AuthError
 
 _BEARER: Final = "bearer "
+#: What ``strip`` may remove around a credential: HTTP's own whitespace, nothing wider (a
+#: Unicode-aware strip would accept a token followed by a non-breaking space).
+_HTTP_SPACE: Final = " \t"
+#: Where the CLI reads the admin token from (named in error messages).
+ADMIN_TOKEN_ENV: Final = "IOP_EDGE_ADMIN_TOKEN"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +38,31 @@ class Principal:
 
 #: The principal of requests on an open surface (no ``principal_tokens`` configured).
 ANONYMOUS: Final = Principal(principal_ref="anonymous", principal_alias=None, token_ref="anonymous")
+
+
+def printable_ascii(value: str) -> bool:
+    """True when ``value`` is printable ASCII (spaces included): a credential HTTP can carry."""
+    return value.isascii() and value.isprintable()
+
+
+def bearer_digest(authorization: str | None, code: str, missing: str) -> bytes:
+    """The SHA-256 of the token in ``Authorization: Bearer <token>``.
+
+    Raises :class:`AuthError` with ``code``: ``missing`` when there is no bearer token, a fixed
+    "malformed" message (which never quotes the value) when the token is not printable ASCII.
+    """
+    if not authorization or authorization[:7].lower() != _BEARER:
+        raise AuthError(code, missing)
+    token = authorization[7:].strip(_HTTP_SPACE)
+    if not token:
+        raise AuthError(code, missing)
+    if not printable_ascii(token):
+        raise AuthError(
+            code,
+            "The bearer token is malformed: it holds a character that is not printable ASCII "
+            "(a pasted non-breaking space or line break?). Send the token exactly as issued.",
+        )
+    return hashlib.sha256(token.encode("ascii")).digest()
 
 
 class Authenticator:
@@ -60,23 +95,53 @@ class Authenticator:
         """The principal of an ``Authorization`` header value, or :class:`AuthError`."""
         if not self._by_prefix:
             return ANONYMOUS
-        if not authorization or authorization[:7].lower() != _BEARER:
-            raise AuthError(
-                "invalid_api_key",
-                "Missing bearer token: send 'Authorization: Bearer <token>'.",
-            )
-        digest = hashlib.sha256(authorization[7:].strip().encode("utf-8")).digest()
+        digest = bearer_digest(
+            authorization,
+            "invalid_api_key",
+            "Missing bearer token: send 'Authorization: Bearer <token>'.",
+        )
         for stored, principal in self._by_prefix.get(digest[:16], ()):
             if hmac.compare_digest(stored, digest):
                 return principal
         raise AuthError("invalid_api_key", "Incorrect API key provided.")
 
 
+class AdminTokenCheck:
+    """``console.admin_token_sha256``: when set, every admin request needs
+    ``Authorization: Bearer <admin token>`` (SHA-256 compared in constant time)."""
+
+    def __init__(self, section: ConsoleSection) -> None:
+        digest = section.admin_token_sha256
+        self._digest = bytes.fromhex(digest) if digest is not None else None
+
+    @property
+    def enabled(self) -> bool:
+        """True when an admin token is configured."""
+        return self._digest is not None
+
+    def check(self, authorization: str | None) -> None:
+        """Raise :class:`AuthError` (``invalid_admin_token``) unless the header holds the
+        admin token; do nothing when no admin token is configured."""
+        if self._digest is None:
+            return
+        digest = bearer_digest(
+            authorization,
+            "invalid_admin_token",
+            "The admin API needs the admin token: send 'Authorization: Bearer <token>' "
+            f"(iop-edge status and config refresh read it from ${ADMIN_TOKEN_ENV} or "
+            "--admin-token-file).",
+        )
+        if not hmac.compare_digest(self._digest, digest):
+            raise AuthError("invalid_admin_token", "Incorrect admin token provided.")
+
+
 class ProviderAuthForwarder:
     """``openai.provider_auth``: carries a raw provider credential from the request upstream.
 
     The source header is always removed from what goes upstream (even when forwarding is off);
-    when enabled, its value is sent as ``target_header: scheme value``. Nothing is stored.
+    when enabled, its value is sent as ``target_header: scheme value``. Nothing is stored. A
+    value that is not printable ASCII is refused (401 ``invalid_provider_auth``) rather than
+    forwarded as raw bytes.
     """
 
     def __init__(self, section: OpenAISection) -> None:
@@ -91,7 +156,7 @@ class ProviderAuthForwarder:
         """The headers to add upstream for this request (empty when forwarding is off)."""
         if not self.enabled:
             return {}
-        value = request_headers.get(self.from_header, "").strip()
+        value = request_headers.get(self.from_header, "").strip(_HTTP_SPACE)
         if not value:
             if self.required:
                 raise AuthError(
@@ -100,4 +165,11 @@ class ProviderAuthForwarder:
                     f"the {self.from_header} header.",
                 )
             return {}
+        if not printable_ascii(value):
+            raise AuthError(
+                "invalid_provider_auth",
+                f"The {self.from_header} header is malformed: it holds a character that is not "
+                "printable ASCII (a pasted non-breaking space or line break?). Send the "
+                "credential exactly as issued.",
+            )
         return {self.target_header: self.prefix + value}

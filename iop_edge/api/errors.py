@@ -2,8 +2,13 @@
 
 | situation                                   | status | code                     |
 | ------------------------------------------- | ------ | ------------------------ |
-| missing/unknown bearer token                | 401    | ``invalid_api_key``        |
+| missing/unknown/malformed bearer token      | 401    | ``invalid_api_key``        |
 | provider auth required and header missing   | 401    | ``provider_auth_required`` |
+| provider credential not printable ASCII     | 401    | ``invalid_provider_auth``  |
+| admin API: missing/wrong admin token        | 401    | ``invalid_admin_token``    |
+| ``Origin`` not on the allow-list            | 403    | ``origin_not_allowed``     |
+| non-loopback ``Host`` on a tokenless surface | 403   | ``host_not_allowed``       |
+| POST whose body is not declared JSON        | 415    | ``unsupported_media_type`` |
 | unknown model                               | 404    | ``model_not_found``        |
 | malformed body / bad field                  | 400    | ``invalid_request_error``  |
 | input + max tokens over the context window  | 400    | ``context_length_exceeded`` |
@@ -35,8 +40,10 @@ _ADMISSION_STATUS: Final = {
 _TYPES: Final = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
 }
 

@@ -36,10 +36,19 @@ from iop_edge.admission import AdmissionScheduler
 from iop_edge.api.auth import Authenticator, Principal, ProviderAuthForwarder
 from iop_edge.api.catalog import Catalog, RouteEntry, build_catalog, completions_group
 from iop_edge.api.errors import client_message, describe, envelope, error_headers
+from iop_edge.api.guard import (
+    Cors,
+    RequestGuard,
+    exception_summary,
+    install_log_scrubber,
+    require_json_body,
+)
 from iop_edge.api.requests import Endpoint, parse_body, prepare
 from iop_edge.config.payload import node_payload
 from iop_edge.config.schema import EdgeConfig
+from iop_edge.config.validate import is_loopback
 from iop_edge.errors import AdapterError, IopEdgeError, RequestError
+from iop_edge.listeners import ConnectionGuard
 from iop_edge.logs import request_logger
 from iop_edge.seams import Clock
 
@@ -152,7 +161,21 @@ class OpenAIServer:
         self.auth = Authenticator(config.openai)
         self.provider_auth = ProviderAuthForwarder(config.openai)
         self.max_body_bytes = config.openai.max_body_bytes
+        # An open surface trusts whoever can reach loopback: a browser page must not count
+        # (DNS rebinding), so only loopback Host names are answered. With allow_anonymous
+        # off loopback the operator has chosen to trust the network.
+        self.guard = RequestGuard(
+            allowed_origins=config.openai.allowed_origins,
+            loopback_hosts_only=self.auth.open and is_loopback(config.openai.listen),
+            no_origin="list it in openai.allowed_origins to let web pages of that origin "
+            "call this edge.",
+            why_loopback="openai.principal_tokens is empty; add principal tokens to serve "
+            "other names.",
+        )
         self.ready = False
+        #: set by the daemon when a drain runs out: the requests it cancels log 503
+        #: ``drain_timeout`` rather than 499 ``client_gone``
+        self.cutting = False
 
     def swap_catalog(self, catalog: Catalog) -> None:
         """Serve new requests from ``catalog`` (requests in flight keep the one they started
@@ -160,7 +183,10 @@ class OpenAIServer:
         self.catalog = catalog
 
     def build_app(self) -> web.Application:
-        """The aiohttp application (body limit: ``openai.max_body_bytes``)."""
+        """The aiohttp application (body limit: ``openai.max_body_bytes``). With
+        ``openai.allowed_origins`` it also answers CORS for those origins (preflights, and
+        ``Access-Control-Allow-Origin`` on answers); without, none of that code runs."""
+        install_log_scrubber()
         app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
@@ -168,6 +194,10 @@ class OpenAIServer:
         app.router.add_get("/v1/models/{model_id:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        if self.guard.allowed_origins:
+            cors = Cors(self.guard, self.provider_auth.from_header)
+            app.router.add_route("OPTIONS", "/v1/{path:.*}", cors.preflight)
+            app.on_response_prepare.append(cors.allow)
         return app
 
     # -- small endpoints ---------------------------------------------------------------------
@@ -186,6 +216,7 @@ class OpenAIServer:
         """``GET /v1/models``: every model group and model route."""
         rid = _request_id(request)
         try:
+            self.guard.check(request.headers)
             self.auth.authenticate(request.headers.get("Authorization"))
         except IopEdgeError as exc:
             return _error_response(exc, rid)
@@ -198,6 +229,7 @@ class OpenAIServer:
         rid = _request_id(request)
         model_id = request.match_info["model_id"]
         try:
+            self.guard.check(request.headers)
             self.auth.authenticate(request.headers.get("Authorization"))
             body = self.catalog.model_body(model_id)
             if body is None:
@@ -227,12 +259,21 @@ class OpenAIServer:
                 record.upstream_failure = exc.code
             return _error_response(exc, record.request_id, record.provider)
         except asyncio.CancelledError:
-            record.status, record.code = 499, "client_gone"
+            record.status, record.code = (
+                (503, "drain_timeout") if self.cutting else (499, "client_gone")
+            )
             raise
         except Exception as exc:
-            # A bug, not a client's fault: answer in the OpenAI envelope, log the traceback.
-            record.status, record.code, record.error = 500, "internal_error", repr(exc)
-            self.log.exception("request_failed", request_id=record.request_id)
+            # A bug, not a client's fault: answer in the OpenAI envelope and log where it
+            # happened — the type and the frames, never the message or the exception's
+            # arguments: they may quote request data (a UnicodeError holds the whole header).
+            kind, frames = exception_summary(exc)
+            where = f" at {frames[-1]}" if frames else ""
+            record.status, record.code = 500, "internal_error"
+            record.error = f"internal error: {kind}{where}"
+            self.log.error(
+                "request_failed", request_id=record.request_id, error_type=kind, traceback=frames
+            )
             return _error_response(
                 IopEdgeError(
                     "The edge failed to handle this request; its log has the details "
@@ -248,7 +289,15 @@ class OpenAIServer:
     async def _run(
         self, request: web.Request, endpoint: Endpoint, record: RequestRecord
     ) -> web.StreamResponse:
-        record.principal = self.auth.authenticate(request.headers.get("Authorization"))
+        headers = request.headers
+        self.guard.check(headers)
+        record.principal = self.auth.authenticate(headers.get("Authorization"))
+        require_json_body(request)
+        # A body still arriving gets openai.header_timeout_ms to finish (no timer at all for
+        # the usual body that came with its head).
+        guard = None if request.content.is_eof() else ConnectionGuard.of(request)
+        if guard is not None:
+            guard.expect_body()
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -258,6 +307,9 @@ class OpenAIServer:
                 "bytes, openai.max_body_bytes).",
                 status=413,
             ) from None
+        finally:
+            if guard is not None:
+                guard.body_received()
         body = parse_body(raw, endpoint)
         record.model = model_id = body["model"]
         record.stream = bool(body.get("stream"))
@@ -326,6 +378,7 @@ class OpenAIServer:
         record.status, record.usage = reply.status, reply.usage
         if reply.status >= 400:
             record.code, record.upstream_failure = "upstream_error", f"http_{reply.status}"
+            record.error = reply.detail  # what the upstream said: the log's, not the client's
         else:
             record.time_to_first_token = self.clock.now() - record.started
         return web.Response(
@@ -335,6 +388,11 @@ class OpenAIServer:
     async def _relay(
         self, request: web.Request, record: RequestRecord, stream: UpstreamStream
     ) -> web.StreamResponse:
+        # A client that stops reading would hold the slot forever, the handler waiting in
+        # write(). The connection's guard cancels this task when the client has taken no data
+        # for openai.write_timeout_ms (a timer armed only once a write has to wait).
+        guard = ConnectionGuard.of(request)
+        stalled = False
         async with stream:
             response = web.StreamResponse(
                 status=200,
@@ -344,6 +402,8 @@ class OpenAIServer:
                     "Cache-Control": "no-cache",
                 },
             )
+            if guard is not None:
+                guard.watch(asyncio.current_task())
             try:
                 await response.prepare(request)
                 record.status = 200
@@ -363,9 +423,24 @@ class OpenAIServer:
             except ConnectionResetError:
                 # The client left (before or during the stream): nothing more can be sent.
                 record.status, record.code = 499, "client_gone"
+            except asyncio.CancelledError:
+                if guard is None or not guard.stall_cancelled():
+                    raise
+                stalled = True
+                record.status, record.code = 499, "client_stalled"
+                record.error = (
+                    f"the client took no data for {guard.write_timeout:g} s "
+                    "(openai.write_timeout_ms) while the answer waited for it; the upstream "
+                    "call was aborted"
+                )
             finally:
+                if guard is not None:
+                    guard.unwatch()
                 record.usage = stream.usage
-            return response
+        if stalled and guard is not None:
+            # Only now, with the upstream closed: the connection's loss cancels this handler.
+            guard.reset()
+        return response
 
     def _finish(self, record: RequestRecord) -> None:
         self.write_request_line({"endpoint": record.endpoint, **record.log_fields()})

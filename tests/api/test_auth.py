@@ -82,3 +82,62 @@ def test_provider_auth_required_and_missing_is_provider_auth_required():
 def test_provider_auth_disabled_forwards_nothing():
     forward = ProviderAuthForwarder(section())
     assert forward.upstream_headers({"X-IOP-Provider-Authorization": "sk-up"}) == {}
+
+
+@pytest.mark.parametrize(
+    "suffix",
+    ["\xa0", "\udca0", "\udcff\udcfe", "\u00e9", "\x01", "\n", "\u200b"],
+    ids=[
+        "nbsp",
+        "surrogate-escaped-a0",
+        "surrogate-escaped-fffe",
+        "e-acute",
+        "control",
+        "lf",
+        "zwsp",
+    ],
+)
+def test_a_token_holding_anything_but_printable_ascii_is_malformed_never_a_crash(suffix):
+    """Issue 10: aiohttp hands bytes that are not UTF-8 over as surrogate escapes; hashing
+    them used to raise UnicodeEncodeError (a 500 whose log held the token)."""
+    auth = Authenticator(section(principal_tokens=[entry("chat", "tok-1")]))
+    for header in (f"Bearer tok-1{suffix}", f"Bearer {suffix}tok-1"):
+        with pytest.raises(AuthError) as info:
+            auth.authenticate(header)
+        assert info.value.code == "invalid_api_key"
+        assert "malformed" in str(info.value)
+        assert "tok-1" not in str(info.value)
+
+
+def test_only_http_whitespace_is_stripped_around_a_token():
+    auth = Authenticator(section(principal_tokens=[entry("chat", "tok-1")]))
+    assert auth.authenticate("Bearer  tok-1 \t").token_ref == "chat"
+    with pytest.raises(AuthError):
+        auth.authenticate("Bearer tok-1\u3000")  # an ideographic space is not HTTP's
+
+
+def test_the_admin_token_check():
+    from iop_edge.api.auth import AdminTokenCheck
+    from iop_edge.config.schema import ConsoleSection
+
+    off = AdminTokenCheck(ConsoleSection())
+    assert not off.enabled
+    off.check(None)  # no admin token configured: nothing is required
+    digest = hashlib.sha256(b"adm-1").hexdigest()
+    check = AdminTokenCheck(ConsoleSection(admin_token_sha256=digest))
+    assert check.enabled
+    check.check("Bearer adm-1")
+    for header in (None, "", "adm-1", "Bearer adm-2", "Bearer adm-1\udca0", "Basic adm-1"):
+        with pytest.raises(AuthError) as info:
+            check.check(header)
+        assert info.value.code == "invalid_admin_token"
+        assert "adm-1" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["sk-up\xa0", "sk-\udcffup", "sk\u00e9"])
+def test_a_malformed_provider_credential_is_refused_not_forwarded(value):
+    forward = ProviderAuthForwarder(section(provider_auth={"enabled": True, "required": False}))
+    with pytest.raises(AuthError) as info:
+        forward.upstream_headers({"X-IOP-Provider-Authorization": value})
+    assert info.value.code == "invalid_provider_auth"
+    assert "sk" not in str(info.value)

@@ -24,6 +24,7 @@ from iop_edge.testing.fake_behavior import FakeBehavior
 from tests.reliability.harness import FAKE_CLI, process_gone, settled, wait_for
 
 HELLO = [{"role": "user", "content": "hello edge"}]
+JSON = {"Content-Type": "application/json"}
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)  # bounds a broken run, never a timing
 
 
@@ -91,9 +92,12 @@ async def post(
 ) -> tuple[int, dict[str, Any]]:
     """POST to ``/v1/chat/completions``; the status and the JSON answer."""
     data = io.BytesIO(body if isinstance(body, bytes) else orjson.dumps(body))
+    headers = {**JSON, **kwargs.pop("headers", {})}
     async with (
         aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session,
-        session.post(daemon.openai_url + "/chat/completions", data=data, **kwargs) as response,
+        session.post(
+            daemon.openai_url + "/chat/completions", data=data, headers=headers, **kwargs
+        ) as response,
     ):
         raw = await response.read()
     try:
@@ -332,7 +336,9 @@ async def test_body_size_limit_is_exact_and_holds_without_a_content_length(fake_
 
         async with (
             aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session,
-            session.post(daemon.openai_url + "/chat/completions", data=chunked()) as response,
+            session.post(
+                daemon.openai_url + "/chat/completions", data=chunked(), headers=JSON
+            ) as response,
         ):
             assert "Content-Length" not in response.request_info.headers
             body = orjson.loads(await response.read())

@@ -1,0 +1,568 @@
+"""The daemon's listening sockets: aiohttp behind a thin per-connection guard.
+
+aiohttp speaks HTTP; a :class:`ConnectionGuard` sits between each accepted transport and
+aiohttp's protocol and adds what a daemon facing broken or hostile clients needs (issue 10),
+with at most one timer of its own per connection at a time:
+
+- **a connection cap** per listener: over it, a new connection is answered a ``503`` with
+  ``Retry-After`` at once and closed when the client has read it (at most ``REFUSAL_LINGER``
+  later) — the daemon and the requests it serves carry on — and a ``connection_limit``
+  warning, rate-limited on the listener's clock, names the listener and the cap;
+- **a request-head timeout**: a connection that has not sent a complete first request head
+  within ``header_timeout`` is closed (slowloris). A kept-alive connection waiting for its next
+  head is closed by aiohttp's keep-alive timer, whether bytes trickle in or not;
+- **a write-stall timeout**: the transport tells its protocol when its send buffer passes the
+  high-water mark (a write now has to wait for the client to read); only then is a timer armed,
+  and cancelled when the buffer drains. If the client takes nothing for ``write_timeout``, the
+  exchange is aborted: a streaming relay that registered with :meth:`ConnectionGuard.watch` is
+  cancelled (it then closes its upstream, releases its slot and logs ``client_stalled``); any
+  other response has its connection aborted;
+- **file descriptors**: an accepted socket whose descriptor number reaches 90 % of the soft
+  ``RLIMIT_NOFILE`` (descriptors are allocated lowest first, so that many are in use) logs a
+  rate-limited ``fd_limit_near`` warning; :func:`raise_fd_limit` lifts the soft limit at start;
+- **drain** (:meth:`Listener.stop_accepting`, :meth:`Listener.drain`, :meth:`Listener.cut`):
+  stop listening and close idle connections, let requests finish until a deadline, abort what
+  is left, and wait for the handlers to unwind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+from aiohttp import web
+
+from iop_edge.api.errors import envelope
+from iop_edge.logs import RateLimiter
+from iop_edge.seams import Clock
+
+__all__ = [
+    "ADMIN_MAX_CONNECTIONS",
+    "ConnectionGuard",
+    "ConnectionLimits",
+    "FdLimit",
+    "Listener",
+    "ListenerStatistics",
+    "raise_fd_limit",
+]
+
+ADMIN_MAX_CONNECTIONS: Final = 64
+"""The connection cap of the console and metrics listeners (an operator and a scraper)."""
+
+FD_WARN_FRACTION: Final = 0.9
+"""An accepted descriptor numbered at this fraction of the soft limit or above logs a warning."""
+
+_REFUSAL_RETRY_AFTER: Final = 1
+#: ``SO_LINGER`` on, 0 s: closing the socket resets the connection and drops unsent data.
+_RESET_ON_CLOSE: Final = struct.pack("ii", 1, 0)
+
+REFUSAL_LINGER: Final = 2.0
+"""Seconds a refused connection stays half-closed, for its client to read the 503 and close."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The timeouts (seconds) and the connection cap of one listener."""
+
+    keepalive_timeout: float
+    header_timeout: float
+    write_timeout: float
+    max_connections: int
+
+    @classmethod
+    def from_config(cls, openai: Any) -> ConnectionLimits:
+        """The OpenAI listener's limits from the ``openai`` config section."""
+        return cls(
+            keepalive_timeout=openai.keepalive_timeout_ms / 1000,
+            header_timeout=openai.header_timeout_ms / 1000,
+            write_timeout=openai.write_timeout_ms / 1000,
+            max_connections=openai.max_connections,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerStatistics:
+    """A read-only view of one listener's connections and what its guards did."""
+
+    name: str
+    max_connections: int
+    open_connections: int
+    writes_waiting: int
+    """Connections whose client is not reading while data waits for it (stall timer armed)."""
+    accepted: int
+    refused: int
+    header_timeouts: int
+    write_stalls: int
+
+
+@dataclass(frozen=True, slots=True)
+class FdLimit:
+    """``RLIMIT_NOFILE`` before and after :func:`raise_fd_limit`."""
+
+    soft_before: int
+    soft: int
+    hard: int
+
+
+def raise_fd_limit() -> FdLimit:
+    """Raise the soft open-file limit to the hard one (a connection is a descriptor; so is
+    every upstream connection and CLI pipe). Leaves it unchanged when the kernel refuses."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    new = soft
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            new = hard
+    return FdLimit(soft_before=soft, soft=new, hard=hard)
+
+
+class ConnectionGuard(asyncio.Protocol):
+    """The protocol the event loop sees for one connection: it forwards every callback to
+    aiohttp's ``RequestHandler`` and enforces the listener's cap and timeouts (module
+    docstring). A streaming relay finds it with :meth:`of` and registers with :meth:`watch`."""
+
+    __slots__ = (
+        "_cancel_timer",
+        "_handler",
+        "_listener",
+        "_stall_pending",
+        "_task",
+        "_task_cancelling",
+        "_timer_kind",
+        "transport",
+    )
+
+    def __init__(self, listener: Listener) -> None:
+        self._listener = listener
+        self._handler: Any = None
+        self.transport: asyncio.Transport | None = None
+        self._cancel_timer: Callable[[], None] | None = None
+        self._timer_kind = ""
+        self._task: asyncio.Task[Any] | None = None
+        self._task_cancelling = 0
+        self._stall_pending = False
+
+    # -- transport callbacks -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Refuse the connection over the cap; else arm the head timer and hand it on."""
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        listener = self._listener
+        if listener.refuses_connections:
+            listener.refuse(transport)
+            listener.refusing.add(self)
+            self._arm("linger", REFUSAL_LINGER, self.abort)
+            return
+        listener.guards.add(self)
+        listener.accepted += 1
+        self._arm("head", listener.limits.header_timeout, self._head_timed_out)
+        handler = self._handler = listener.make_handler()
+        listener.awaiting_head[handler] = self
+        handler.connection_made(transport)
+        listener.check_fd(transport)
+
+    def data_received(self, data: bytes) -> None:
+        """Hand the bytes to aiohttp (nothing for a refused connection)."""
+        handler = self._handler
+        if handler is not None:
+            handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        """Hand the end of input to aiohttp (a refused connection closes: None)."""
+        handler = self._handler
+        return handler.eof_received() if handler is not None else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Forget the connection and let aiohttp cancel its handler."""
+        listener = self._listener
+        listener.guards.discard(self)
+        listener.refusing.discard(self)
+        self._disarm()
+        handler = self._handler
+        if handler is not None:
+            listener.awaiting_head.pop(handler, None)
+            handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The client is not keeping up: writes now wait. Arm the stall timer."""
+        handler = self._handler
+        if handler is not None:
+            handler.pause_writing()
+            if self._cancel_timer is None:
+                listener = self._listener
+                listener.writes_waiting += 1
+                self._arm("stall", listener.limits.write_timeout, self._stalled)
+
+    def resume_writing(self) -> None:
+        """The client read enough: writes flow again. Disarm the stall timer."""
+        handler = self._handler
+        if handler is not None:
+            handler.resume_writing()
+            if self._timer_kind == "stall":
+                self._disarm()
+
+    # -- the request path --------------------------------------------------------------------
+
+    @staticmethod
+    def of(request: web.BaseRequest) -> ConnectionGuard | None:
+        """The guard of the connection ``request`` came on (None outside a guarded listener
+        or once the connection is gone)."""
+        transport = request.transport
+        guard = transport.get_protocol() if transport is not None else None
+        return guard if isinstance(guard, ConnectionGuard) else None
+
+    def watch(self, task: asyncio.Task[Any] | None) -> None:
+        """Until :meth:`unwatch`, a write stall cancels ``task`` (the current one) instead of
+        aborting the connection; the task then calls :meth:`stall_cancelled` on its
+        CancelledError."""
+        if task is not None:
+            self._task = task
+            self._task_cancelling = task.cancelling()
+
+    def unwatch(self) -> None:
+        """End :meth:`watch`: a later stall aborts the connection itself."""
+        self._task = None
+
+    def stall_cancelled(self) -> bool:
+        """Whether the CancelledError the watched task caught came from a write stall (and
+        nothing else): then the cancellation is withdrawn and the task carries on to close
+        the exchange, ending with :meth:`abort`. False: let the CancelledError propagate."""
+        task = self._task
+        if not self._stall_pending or task is None:
+            return False
+        self._stall_pending = False
+        return task.uncancel() <= self._task_cancelling
+
+    def abort(self) -> None:
+        """Close the connection now, discarding what the client did not read."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    @property
+    def write_timeout(self) -> float:
+        """Seconds a client may take no data while data waits for it."""
+        return self._listener.limits.write_timeout
+
+    # -- timers ------------------------------------------------------------------------------
+
+    def _arm(self, kind: str, delay: float, callback: Callable[[], None]) -> None:
+        clock = self._listener.clock
+        self._timer_kind = kind
+        self._cancel_timer = clock.call_at(clock.now() + delay, callback)
+
+    def _disarm(self) -> None:
+        cancel = self._cancel_timer
+        if cancel is not None:
+            self._cancel_timer = None
+            if self._timer_kind == "stall":
+                self._listener.writes_waiting -= 1
+            cancel()
+        self._timer_kind = ""
+
+    def head_received(self) -> None:
+        """A complete request head arrived: the head timer has done its job."""
+        if self._timer_kind == "head":
+            self._disarm()
+
+    def expect_body(self) -> None:
+        """A handler is about to wait for a request body that has not fully arrived: the
+        client gets ``header_timeout`` to send the rest (a body trickled byte by byte, or one
+        shorter than its ``Content-Length``, would hold the connection forever), then the
+        connection is aborted. :meth:`body_received` ends the wait."""
+        if self._cancel_timer is None:
+            self._arm("body", self._listener.limits.header_timeout, self._body_timed_out)
+
+    def body_received(self) -> None:
+        """The body arrived (or the wait ended otherwise): disarm the body timer."""
+        if self._timer_kind == "body":
+            self._disarm()
+
+    def _body_timed_out(self) -> None:
+        self._cancel_timer, self._timer_kind = None, ""
+        listener = self._listener
+        listener.header_timeouts += 1
+        listener.warn(
+            "body_timeout",
+            message=f"closed connection(s) that did not send the rest of a request body within "
+            f"{listener.limits.header_timeout:g} s",
+        )
+        self.abort()
+
+    def _head_timed_out(self) -> None:
+        self._cancel_timer, self._timer_kind = None, ""
+        listener = self._listener
+        listener.header_timeouts += 1
+        listener.warn(
+            "header_timeout",
+            message=f"closed connection(s) that sent no complete request head within "
+            f"{listener.limits.header_timeout:g} s",
+        )
+        self.abort()
+
+    def _stalled(self) -> None:
+        self._cancel_timer, self._timer_kind = None, ""
+        listener = self._listener
+        listener.writes_waiting -= 1
+        listener.write_stalls += 1
+        task = self._task
+        if task is not None and not task.done():
+            self._stall_pending = True
+            task.cancel()
+            return
+        listener.warn(
+            "client_stalled",
+            message=f"aborted connection(s) whose client took no data for "
+            f"{listener.limits.write_timeout:g} s",
+        )
+        self.reset()
+
+    def reset(self) -> None:
+        """Abort with a TCP reset: what the client did not read is dropped at once instead of
+        lingering in the kernel's send buffer (megabytes per stalled client) for minutes."""
+        transport = self.transport
+        if transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+        transport.abort()
+
+
+class Listener:
+    """One bound address served by an aiohttp application through :class:`ConnectionGuard`.
+
+    Built by :meth:`bind`. ``runner`` is the aiohttp runner (its ``server`` is aiohttp's
+    connection manager); ``host`` and ``port`` are where it listens (port 0 resolved).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        runner: web.AppRunner,
+        limits: ConnectionLimits,
+        *,
+        clock: Clock,
+        log: Any,
+    ) -> None:
+        self.name = name
+        self.runner = runner
+        self.limits = limits
+        self.clock = clock
+        self.log = log
+        self.host = ""
+        self.port = 0
+        self.guards: set[ConnectionGuard] = set()
+        #: refused connections, half-closed until their client closes (``REFUSAL_LINGER``)
+        self.refusing: set[ConnectionGuard] = set()
+        self.awaiting_head: dict[Any, ConnectionGuard] = {}
+        self.accepted = self.refused = self.header_timeouts = self.write_stalls = 0
+        self.writes_waiting = 0
+        self.closing = False
+        self._server: asyncio.AbstractServer | None = None
+        self._limiter = RateLimiter(clock=clock.now)
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._fd_soft = soft
+        self._fd_warn_at = int(soft * FD_WARN_FRACTION) if soft > 0 else 1 << 62
+        self._refusal = _refusal_response(name, limits.max_connections)
+        server = runner.server
+        assert server is not None, "the runner must be set up first"
+        self.make_handler: Callable[[], Any] = server
+        # aiohttp calls its request factory once per request head it parsed: the moment the
+        # head timer of a new connection can go (one dict lookup per request, no timer).
+        make_request = server.request_factory
+        awaiting = self.awaiting_head
+
+        def request_started(
+            message: Any, payload: Any, protocol: Any, writer: Any, task: Any
+        ) -> web.BaseRequest:
+            guard = awaiting.pop(protocol, None)
+            if guard is not None:
+                guard.head_received()
+            return make_request(message, payload, protocol, writer, task)
+
+        server.request_factory = request_started
+
+    @classmethod
+    async def bind(
+        cls,
+        name: str,
+        app: web.Application,
+        address: str,
+        limits: ConnectionLimits,
+        *,
+        clock: Clock,
+        log: Any,
+    ) -> Listener:
+        """Serve ``app`` on ``address`` (``HOST:PORT``, ``[::1]:PORT``). Client disconnects
+        cancel their handler; keep-alive idles end after ``limits.keepalive_timeout``."""
+        runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=limits.keepalive_timeout,
+            # Only a backstop: the daemon drains and cuts connections itself before it closes
+            # the runner (aiohttp's own shutdown would wait twice this per connection).
+            shutdown_timeout=1.0,
+        )
+        await runner.setup()
+        listener = cls(name, runner, limits, clock=clock, log=log)
+        host, port = split_address(address)
+        loop = asyncio.get_running_loop()
+        try:
+            listener._server = await loop.create_server(
+                lambda: ConnectionGuard(listener), host, port, reuse_address=True
+            )
+        except BaseException:
+            await runner.cleanup()
+            raise
+        listener.host = host
+        listener.port = listener._server.sockets[0].getsockname()[1]
+        return listener
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the listener."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def statistics(self) -> ListenerStatistics:
+        """The listener's connections and guard counters, as of now."""
+        return ListenerStatistics(
+            name=self.name,
+            max_connections=self.limits.max_connections,
+            open_connections=len(self.guards),
+            writes_waiting=self.writes_waiting,
+            accepted=self.accepted,
+            refused=self.refused,
+            header_timeouts=self.header_timeouts,
+            write_stalls=self.write_stalls,
+        )
+
+    # -- used by the guards ------------------------------------------------------------------
+
+    @property
+    def refuses_connections(self) -> bool:
+        """At the cap (or closing): a new connection is refused."""
+        return self.closing or len(self.guards) >= self.limits.max_connections
+
+    def refuse(self, transport: asyncio.Transport) -> None:
+        """Answer 503 and end the output: the client learns at once, and retries later.
+
+        Only half-closed: the client's request is still arriving or unread, and closing a
+        socket with input unread makes the kernel send a reset, which can reach the client
+        before it reads the 503 (the openai SDK then reports a connection error). The guard
+        discards the input and the transport closes at its end, or after ``REFUSAL_LINGER``.
+        """
+        self.refused += 1
+        transport.write(self._refusal)
+        if not transport.is_closing():
+            transport.write_eof()
+        if not self.closing:
+            self.warn(
+                "connection_limit",
+                cap=self.limits.max_connections,
+                message=f"refused new connection(s): {self.limits.max_connections} are open, "
+                "the cap of this listener",
+            )
+
+    def check_fd(self, transport: asyncio.Transport) -> None:
+        """Warn when the accepted socket's descriptor shows the process near its fd limit."""
+        sock = transport.get_extra_info("socket")
+        if sock is None or sock.fileno() < self._fd_warn_at:
+            return
+        self.warn(
+            "fd_limit_near",
+            fd=sock.fileno(),
+            soft_limit=self._fd_soft,
+            message="an accepted connection got a descriptor near the open-file limit; at "
+            "the limit new connections are reset: raise LimitNOFILE or lower "
+            "openai.max_connections",
+        )
+        # At the limit itself the event loop drops new connections without a word (uvloop
+        # closes them in libuv): probe whether a descriptor is left, and say so if none is.
+        try:
+            os.close(os.dup(sock.fileno()))
+        except OSError:
+            self.warn(
+                "fd_limit_reached",
+                soft_limit=self._fd_soft,
+                message="the process has no file descriptor left: new connections are reset "
+                "until some close; raise LimitNOFILE or lower openai.max_connections",
+            )
+
+    def warn(self, event: str, **fields: Any) -> None:
+        """A rate-limited warning about this listener (one line per event every 10 s;
+        ``count`` says how many times it happened since the previous line)."""
+        count = self._limiter.allow(event)
+        if count:
+            self.log.warning(event, listener=self.name, count=count, **fields)
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def stop_accepting(self) -> None:
+        """Close the listening socket and the idle kept-alive connections; a connection with
+        a request in flight closes after its response."""
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        server = self.runner.server
+        if server is not None:
+            server.pre_shutdown()
+
+    async def drain(self, until: float) -> bool:
+        """Wait until every request in flight on this listener has finished and its
+        connection closed, or the loop time ``until``; True when all finished."""
+        server = self.runner.server
+        if server is None:
+            return True
+        try:
+            async with asyncio.timeout_at(until):
+                await server.shutdown(None)
+        except TimeoutError:
+            return False
+        return True
+
+    def cut(self) -> int:
+        """Abort every connection still open (their handlers are cancelled); the number."""
+        guards = list(self.guards)
+        for guard in guards:
+            guard.abort()
+        return len(guards)
+
+    async def close(self) -> None:
+        """Release the runner (the application's shutdown and cleanup hooks)."""
+        self.stop_accepting()
+        for guard in list(self.refusing):
+            guard.abort()
+        await self.runner.cleanup()
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) → ``(host, port)``."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _refusal_response(name: str, cap: int) -> bytes:
+    body = envelope(
+        f"This edge has {cap} connections open on its {name} listener, its limit; retry shortly.",
+        "too_many_connections",
+        status=503,
+    )
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        f"Retry-After: {_REFUSAL_RETRY_AFTER}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body

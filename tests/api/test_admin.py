@@ -1,0 +1,223 @@
+"""The admin API's trust rules (issue 10 item 7): the optional admin token, no browser origin,
+loopback ``Host`` names without a token, JSON POST bodies — and its clients, ``iop-edge status``
+and ``iop-edge config refresh``, sending the token from ``$IOP_EDGE_ADMIN_TOKEN`` or a file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from iop_edge.config import parse_config
+from iop_edge.daemon import Daemon
+from iop_edge.supervisor import SupervisorOptions
+
+ADMIN_TOKEN = "iop_admin-test-7f3c2a9e51d84b06"
+IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))
+
+
+def admin_doc(**console: Any) -> dict[str, Any]:
+    return {
+        "openai": {"listen": "127.0.0.1:0"},
+        "metrics": {"enabled": False},
+        "console": {"listen": "127.0.0.1:0", **console},
+        "models": [{"id": "echo", "context_window_tokens": 4096, "providers": ["cat"]}],
+        "nodes": [
+            {
+                "id": "n1",
+                "adapters": [{"name": "shell", "type": "cli", "command": "cat"}],
+                "providers": [{"id": "cat", "type": "cli", "category": "cli", "models": ["echo"]}],
+            }
+        ],
+    }
+
+
+@contextlib.asynccontextmanager
+async def admin_edge(tmp_path: Path, doc: dict[str, Any]) -> AsyncIterator[Daemon]:
+    path = tmp_path / "edge.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    daemon = Daemon(
+        parse_config(doc),
+        config_path=path,
+        watch=False,
+        supervisor_options=SupervisorOptions(debounce=0.05, settle=0.05, poll_interval=3600),
+    )
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.stop()
+
+
+async def call(
+    daemon: Daemon, method: str, path: str, headers: dict[str, str] | None = None, **kw: Any
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, daemon.console_url + path, headers=headers, **kw) as response,
+    ):
+        assert response.content_type == "application/json"
+        return response.status, await response.json()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def guarded_doc() -> dict[str, Any]:
+    return admin_doc(admin_token_sha256=hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest())
+
+
+async def test_with_an_admin_token_every_admin_request_needs_it(tmp_path, guarded_doc):
+    async with admin_edge(tmp_path, guarded_doc) as daemon:
+        for method, path in (("GET", "/admin/status"), ("POST", "/admin/config/refresh")):
+            for headers in ({}, bearer("wrong"), {"Authorization": ADMIN_TOKEN}):
+                status, body = await call(daemon, method, path, headers)
+                assert status == 401, (method, path, headers)
+                assert body["error"]["code"] == "invalid_admin_token"
+                assert body["error"]["type"] == "authentication_error"
+                assert ADMIN_TOKEN not in json.dumps(body)
+            status, body = await call(daemon, method, path, bearer(ADMIN_TOKEN))
+            assert status == 200, body
+        status, body = await call(daemon, "GET", "/admin/nothing-here")
+        assert status == 401  # unknown paths are behind the token too
+        # with a token the Host rule is off: the console may be reached by any name
+        headers = {**bearer(ADMIN_TOKEN), "Host": "edge-1.example.net:7601"}
+        assert (await call(daemon, "GET", "/admin/status", headers))[0] == 200
+
+
+async def test_without_a_token_only_loopback_host_names_reach_the_admin_api(tmp_path):
+    async with admin_edge(tmp_path, admin_doc()) as daemon:
+        assert (await call(daemon, "GET", "/admin/status"))[0] == 200
+        for path, method in (("/admin/status", "GET"), ("/admin/config/refresh", "POST")):
+            status, body = await call(daemon, method, path, {"Host": "rebound.example:7601"})
+            assert status == 403
+            assert body["error"]["code"] == "host_not_allowed"
+            assert "console.admin_token_sha256" in body["error"]["message"]
+        assert daemon.supervisor is not None
+        assert daemon.supervisor.last is None  # the refused refresh never ran
+
+
+@pytest.mark.parametrize("with_token", [False, True])
+async def test_the_admin_api_answers_no_browser_origin(tmp_path, guarded_doc, with_token):
+    """A page cannot apply a refresh, even a cross-origin POST that needs no preflight."""
+    doc = guarded_doc if with_token else admin_doc()
+    auth = bearer(ADMIN_TOKEN) if with_token else {}
+    async with admin_edge(tmp_path, doc) as daemon:
+        for origin in ("https://evil.example", "http://127.0.0.1:7601", "null"):
+            status, body = await call(
+                daemon, "POST", "/admin/config/refresh?mode=apply", {**auth, "Origin": origin}
+            )
+            assert (status, body["error"]["code"]) == (403, "origin_not_allowed")
+            assert "answers no web page" in body["error"]["message"]
+        assert daemon.supervisor is not None
+        assert daemon.supervisor.last is None
+
+
+async def test_a_form_post_to_the_admin_api_is_415(tmp_path):
+    """An HTML form (no Origin sent by an old browser, or a same-site page) cannot apply a
+    refresh: its body is not JSON. A bodyless POST — what the CLI sends — works."""
+    async with admin_edge(tmp_path, admin_doc()) as daemon:
+        for content_type, data in (
+            ("application/x-www-form-urlencoded", b""),
+            ("text/plain", b"mode=apply"),
+            ("multipart/form-data; boundary=b", b"--b--"),
+        ):
+            status, body = await call(
+                daemon,
+                "POST",
+                "/admin/config/refresh?mode=apply",
+                {"Content-Type": content_type},
+                data=data,
+            )
+            assert (status, body["error"]["code"]) == (415, "unsupported_media_type")
+            assert repr(content_type) in body["error"]["message"]
+        assert daemon.supervisor is not None
+        assert daemon.supervisor.last is None
+        status, body = await call(daemon, "POST", "/admin/config/refresh?mode=apply")
+        assert (status, body["result"]) == (200, "applied")
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k != "IOP_EDGE_ADMIN_TOKEN"}
+    environment.update(env or {})
+    return subprocess.run(
+        [IOP_EDGE, *args], capture_output=True, text=True, env=environment, timeout=60
+    )
+
+
+async def test_the_cli_sends_the_admin_token_from_the_environment_or_a_file(tmp_path, guarded_doc):
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    async with admin_edge(tmp_path, guarded_doc) as daemon:
+        url = daemon.console_url
+
+        def run(*args: str, env: dict[str, str] | None = None):
+            return asyncio.to_thread(cli, *args, env=env)
+
+        refused = await run("status", "--console", url)
+        assert refused.returncode == 1
+        assert "refused the request with HTTP 401" in refused.stderr
+        assert "IOP_EDGE_ADMIN_TOKEN" in refused.stderr
+        wrong = await run("status", "--console", url, env={"IOP_EDGE_ADMIN_TOKEN": "nope"})
+        assert wrong.returncode == 1
+        assert "Incorrect admin token" in wrong.stderr
+        ok = await run(
+            "status", "--json", "--console", url, env={"IOP_EDGE_ADMIN_TOKEN": ADMIN_TOKEN}
+        )
+        assert ok.returncode == 0, ok.stderr
+        assert json.loads(ok.stdout)["edge"] == "edge"
+        from_file = await run("status", "--console", url, "--admin-token-file", str(token_file))
+        assert from_file.returncode == 0, from_file.stderr
+        refresh = await run(
+            "config", "refresh", "--apply", "--json", "--console", url,
+            "--admin-token-file", str(token_file),
+        )  # fmt: skip
+        assert refresh.returncode == 0, refresh.stderr
+        assert json.loads(refresh.stdout)["result"] == "applied"
+        refused = await run("config", "refresh", "--console", url)
+        assert refused.returncode == 1
+        assert "HTTP 401" in refused.stderr
+        missing = await run("status", "--console", url, "--admin-token-file", str(tmp_path / "x"))
+        assert missing.returncode == 1
+        assert "cannot read the admin token file" in missing.stderr
+    assert ADMIN_TOKEN not in ok.stdout + ok.stderr + refused.stderr
+
+
+def test_token_admin_prints_a_token_once_and_its_console_hash():
+    result = cli("token", "admin", "--json")
+    assert result.returncode == 0
+    data = json.loads(result.stdout)
+    digest = data["console"]["admin_token_sha256"]
+    assert digest == hashlib.sha256(data["token"].encode()).hexdigest()
+    text = cli("token", "admin")
+    assert text.returncode == 0
+    assert "admin_token_sha256: " in text.stdout
+
+
+@pytest.mark.parametrize(("listen", "warned"), [("0.0.0.0:0", True), ("127.0.0.1:0", False)])
+async def test_a_metrics_listener_off_loopback_is_warned_about_at_start(
+    tmp_path, log_stream, listen, warned
+):
+    doc = admin_doc()
+    doc["metrics"] = {"listen": listen}
+    async with admin_edge(tmp_path, doc):
+        events = [json.loads(line) for line in log_stream.getvalue().splitlines()]
+    found = [e for e in events if e["event"] == "metrics_not_loopback"]
+    assert bool(found) is warned
+    if warned:
+        assert found[0]["level"] == "warning"
+        assert found[0]["listen"] == listen
+        assert "no authentication" in found[0]["message"]

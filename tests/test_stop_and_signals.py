@@ -1,0 +1,619 @@
+"""Stopping and signals (issue 10, items 8 and 9).
+
+- The whole stop is bounded once by ``--drain-timeout``: requests still running at the cut log
+  ``503 drain_timeout`` and the process exits 0 within the timeout, not twice it; a drain that
+  finishes early exits at once. The shipped unit gives systemd's kill room for that.
+- SIGHUP never kills the daemon: not while it starts, not while it stops.
+- An internal error logs where it happened (a rendered traceback, never ``"exc_info": true``)
+  and never the request's content or its token.
+
+The subprocess tests run ``iop-edge serve`` next to this interpreter, as systemd would; they
+read its JSON log (stderr) and synchronise on its events. Real-time values are bounds that make
+a broken run fail instead of hang, except where the bound itself is the rule under test (the
+drain) and the pacing of the SIGHUP bursts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import linecache
+import math
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from iop_edge.adapters.cli_process import KILL_GRACE_SECONDS
+from iop_edge.cli import build_parser
+from iop_edge.config import parse_config
+from iop_edge.daemon import Daemon, cancel_reserve
+from iop_edge.logs import configure_logging, flush_logs
+from iop_edge.supervisor import SupervisorOptions
+from iop_edge.testing.fake_behavior import FakeBehavior
+from iop_edge.testing.fake_openai import FakeOpenAI
+from iop_edge.tokens import new_token, token_hash
+from tests.reliability.harness import BOUND, wait_for
+from tests.test_daemon import IOP_EDGE, ROOT
+from tests.test_supervisor import doc_for, dump
+
+STARTUP = 10.0
+"""Seconds the daemon may take to log ``listening`` before the run is declared broken."""
+
+HUP_PACE = 0.005
+"""Seconds between two SIGHUPs of a burst."""
+
+CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=BOUND)
+HELLO = [{"role": "user", "content": "hello edge"}]
+
+
+@pytest.fixture
+def log_stream() -> io.StringIO:
+    """Every structured log line an in-process daemon writes during the test."""
+    stream = io.StringIO()
+    configure_logging("info", "json", stream)
+    return stream
+
+
+def events(text: str, name: str | None = None) -> list[dict[str, Any]]:
+    """The JSON events of a log (every one, or those named ``name``)."""
+    found = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict) and (name is None or event.get("event") == name):
+                found.append(event)
+    return found
+
+
+# --- iop-edge serve as a subprocess ------------------------------------------------------------
+
+
+class Served:
+    """``iop-edge serve`` running as a subprocess; its stderr is read line by line in a thread
+    so that the test can wait for an event while the daemon keeps writing."""
+
+    def __init__(self, config: Path, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [IOP_EDGE, "serve", "--config", str(config), *args],
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+
+    @property
+    def log(self) -> str:
+        """The log so far."""
+        with self.changed:
+            return "".join(self.lines)
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        """The events logged so far (those named ``name``)."""
+        return events(self.log, name)
+
+    def wait_event(self, name: str, timeout: float = BOUND) -> dict[str, Any]:
+        """The first event ``name``, once it is logged (AssertionError with the log when it
+        is not within ``timeout`` or the process ends first)."""
+        marker = f'"event":"{name}"'
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                for line in self.lines:
+                    if marker in line:
+                        return dict(json.loads(line))
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.reader.is_alive():
+                    raise AssertionError(
+                        f"no {name!r} event (exit code {self.process.poll()}):\n"
+                        + "".join(self.lines)
+                    )
+                self.changed.wait(left)
+
+    def has_logged(self, name: str) -> bool:
+        """Whether the event ``name`` was logged."""
+        marker = f'"event":"{name}"'
+        with self.changed:
+            return any(marker in line for line in self.lines)
+
+    def exit_code(self, timeout: float = BOUND) -> int:
+        """Wait for the process to end (the whole log read); its exit code."""
+        code = self.process.wait(timeout)
+        self.reader.join(timeout)
+        return code
+
+    def close(self) -> None:
+        """Kill the process if the test left it running; release the pipe."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.reader.join(BOUND)
+        assert self.process.stderr is not None
+        self.process.stderr.close()
+
+
+@contextlib.contextmanager
+def served(config: Path, *args: str) -> Iterator[Served]:
+    """A :class:`Served` daemon, killed afterwards if the test left it running."""
+    daemon = Served(config, *args)
+    try:
+        yield daemon
+    finally:
+        daemon.close()
+
+
+def third_party_code_loaded(pid: int) -> bool:
+    """Whether process ``pid`` has mapped an extension module of a third-party package (the
+    YAML parser, aiohttp, ...): the interpreter has started and ``iop_edge`` is importing."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+    return any("/site-packages/" in line and ".so" in line for line in maps.splitlines())
+
+
+def write_config(directory: Path, doc: dict[str, Any]) -> Path:
+    """``directory/edge.yaml`` holding ``doc``, with JSON logs."""
+    path = directory / "edge.yaml"
+    path.write_text(dump({**doc, "logging": {"format": "json"}}))
+    return path
+
+
+async def chat(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, Any]]:
+    """POST one chat completion for the model ``chat``; the status and the JSON answer."""
+    async with session.post(
+        url + "/v1/chat/completions", json={"model": "chat", "messages": HELLO}
+    ) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def queue_depth_reaches(session: aiohttp.ClientSession, console: str, depth: int) -> None:
+    """Poll ``/admin/status`` until the queue holds ``depth`` requests (bounded)."""
+    async with asyncio.timeout(BOUND):
+        while True:
+            async with session.get(console + "/admin/status") as response:
+                if (await response.json())["queue"]["depth"] >= depth:
+                    return
+            await asyncio.sleep(0.01)
+
+
+# --- item 8: the drain is bounded once by --drain-timeout --------------------------------------
+
+
+async def test_sigterm_cuts_a_drain_that_runs_out_within_the_drain_timeout_once(tmp_path):
+    """``serve --drain-timeout 2`` with one request held by the upstream and one queued behind
+    it: SIGTERM → both are cut before the timeout (their clients see the connection closed,
+    their request lines say ``503 drain_timeout``, the upstream call is aborted), a
+    ``drain_timeout`` warning counts the 2 cut connections, and the process exits 0 within
+    the drain timeout plus a second (before issue 10 it took twice the timeout)."""
+    drain = 2.0
+    async with FakeOpenAI(behavior=FakeBehavior(hold=True)) as fake:
+        config = write_config(tmp_path, doc_for(fake, capacity=1))
+        with served(config, "--drain-timeout", f"{drain:g}") as daemon:
+            listening = daemon.wait_event("listening", STARTUP)
+            async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
+                in_flight = asyncio.create_task(chat(session, listening["openai"]))
+                await fake.wait_in_flight(1)
+                queued = asyncio.create_task(chat(session, listening["openai"]))
+                await queue_depth_reaches(session, listening["console"], 1)
+                signalled = time.monotonic()
+                daemon.process.send_signal(signal.SIGTERM)
+                outcomes = await asyncio.gather(in_flight, queued, return_exceptions=True)
+                code = await asyncio.to_thread(daemon.exit_code)
+                elapsed = time.monotonic() - signalled
+                await fake.wait_until(lambda: fake.cancelled == 1)
+    assert code == 0, daemon.log
+    assert elapsed < drain + 1.0, f"the stop took {elapsed:.2f} s for --drain-timeout {drain:g}"
+    assert elapsed >= drain - cancel_reserve(drain)  # the requests had until the cut to finish
+    for outcome in outcomes:  # cut: the connection closes without an answer
+        assert isinstance(outcome, aiohttp.ClientConnectionError), outcome
+    draining = daemon.events("draining")
+    assert [(e["in_flight"], e["queued"], e["timeout_s"]) for e in draining] == [(1, 1, drain)]
+    cut = daemon.events("drain_timeout")
+    assert [(e["listener"], e["cut"], e["timeout_s"]) for e in cut] == [("openai", 2, drain)]
+    requests = daemon.events("request")
+    assert [(r["status"], r["code"], r["model"]) for r in requests] == [
+        (503, "drain_timeout", "chat"),
+        (503, "drain_timeout", "chat"),
+    ]
+    stopped = daemon.events()[-1]
+    assert (stopped["event"], stopped["in_flight"], stopped["queued"]) == ("stopped", 0, 0)
+    assert fake.total_requests == 1  # the queued one never reached the upstream
+
+
+async def test_a_drain_that_finishes_early_answers_everything_and_exits_at_once(tmp_path):
+    """``serve --drain-timeout 30`` with one request held and one queued: SIGTERM, then the
+    upstream answers. Both requests are served 200 (the queued one during the drain), nothing
+    is cut, and the process exits 0 right after — not at the end of the drain timeout."""
+    drain = 30.0
+    async with FakeOpenAI(behavior=FakeBehavior(hold=True)) as fake:
+        config = write_config(tmp_path, doc_for(fake, capacity=1))
+        with served(config, "--drain-timeout", f"{drain:g}") as daemon:
+            listening = daemon.wait_event("listening", STARTUP)
+            async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
+                in_flight = asyncio.create_task(chat(session, listening["openai"]))
+                await fake.wait_in_flight(1)
+                queued = asyncio.create_task(chat(session, listening["openai"]))
+                await queue_depth_reaches(session, listening["console"], 1)
+                daemon.process.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(daemon.wait_event, "draining")
+                fake.behavior = FakeBehavior()  # the queued one is answered without a hold
+                released = time.monotonic()
+                fake.release()
+                answers = await asyncio.gather(in_flight, queued)
+                code = await asyncio.to_thread(daemon.exit_code)
+                elapsed = time.monotonic() - released
+    assert code == 0, daemon.log
+    assert [(status, body["choices"][0]["message"]["content"]) for status, body in answers] == [
+        (200, "hello edge"),
+        (200, "hello edge"),
+    ]
+    assert elapsed < 5.0, f"exited {elapsed:.2f} s after the last request finished"
+    assert not daemon.has_logged("drain_timeout")
+    assert [(r["status"], r["code"]) for r in daemon.events("request")] == [(200, "ok")] * 2
+    assert daemon.events()[-1]["event"] == "stopped"
+
+
+async def test_daemon_stop_is_bounded_by_its_drain_timeout_and_releases_every_slot(log_stream):
+    """In process: ``Daemon(drain_timeout=1.5)`` with one request held upstream and one queued;
+    ``stop()`` returns within the timeout plus half a second, both requests are cut (503
+    ``drain_timeout`` in their request lines), and every slot is released."""
+    drain = 1.5
+    async with FakeOpenAI(behavior=FakeBehavior(hold=True)) as fake:
+        daemon = Daemon(parse_config(doc_for(fake, capacity=1)), drain_timeout=drain)
+        await daemon.start()
+        try:
+            async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
+                base = daemon.openai_url.removesuffix("/v1")
+                in_flight = asyncio.create_task(chat(session, base))
+                await fake.wait_in_flight(1)
+                queued = asyncio.create_task(chat(session, base))
+                await wait_for(lambda: daemon.scheduler.statistics().queue_depth == 1)
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                await daemon.stop()
+                elapsed = loop.time() - started
+                outcomes = await asyncio.gather(in_flight, queued, return_exceptions=True)
+        finally:
+            if daemon.listeners:  # stop() failed half-way: don't leak the sockets
+                await daemon.stop()
+        await fake.wait_until(lambda: fake.cancelled == 1)
+    assert elapsed < drain + 0.5, f"stop() took {elapsed:.2f} s for drain_timeout={drain:g}"
+    assert elapsed >= drain - cancel_reserve(drain)  # the requests had until the cut to finish
+    assert all(isinstance(o, aiohttp.ClientConnectionError) for o in outcomes), outcomes
+    log = log_stream.getvalue()
+    assert [(e["cut"], e["timeout_s"]) for e in events(log, "drain_timeout")] == [(2, drain)]
+    assert [(r["status"], r["code"]) for r in events(log, "request")] == [
+        (503, "drain_timeout")
+    ] * 2
+    stats = daemon.scheduler.statistics()
+    assert (stats.in_flight, stats.queue_depth, stats.double_releases) == (0, 0, 0)
+    assert stats.admitted == stats.released
+    assert fake.total_requests == 1  # the queued one never reached the upstream
+
+
+# --- item 8: the unit's numbers ---------------------------------------------------------------
+
+UNIT = ROOT / "deploy/iop-edge.service"
+
+_TIMESPAN_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0}
+_TIMESPAN_UNITS |= {"h": 3600.0, "hr": 3600.0}
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    """``Section.Key`` → every value it is given, in order, of a systemd unit file."""
+    settings: dict[str, list[str]] = {}
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        settings.setdefault(f"{section}.{key.strip()}", []).append(value.strip())
+    return settings
+
+
+def timespan_seconds(value: str) -> float:
+    """A systemd time span (``45``, ``45s``, ``1min 30s``, ``infinity``) in seconds; a bare
+    number is seconds, as for ``TimeoutStopSec=``."""
+    if value == "infinity":
+        return math.inf
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value)
+    # Every character is part of a number or a unit: nothing was skipped unread.
+    assert "".join(n + u for n, u in parts) == value.replace(" ", ""), value
+    return sum(float(number) * _TIMESPAN_UNITS[unit or "s"] for number, unit in parts)
+
+
+def test_the_units_stop_timeout_outlasts_the_drain_timeout_and_a_kill_grace():
+    """systemd kills the daemon ``TimeoutStopSec`` after SIGTERM. The longest stop the daemon
+    takes is ``--drain-timeout`` (the whole stop is bounded by it once), plus at most one CLI
+    kill grace when agent process groups cancelled at the cut linger (``Daemon.stop``): the
+    unit must leave that much, read from the command line ``ExecStart`` really runs — change
+    one number without the other and this fails."""
+    settings = unit_settings(UNIT.read_text())
+    assert settings["Service.KillSignal"] == ["SIGTERM"]
+    [exec_start] = settings["Service.ExecStart"]
+    argv = shlex.split(exec_start)
+    assert Path(argv[0]).name == "iop-edge"
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "serve"
+    drain = args.drain_timeout
+    [timeout_stop] = settings["Service.TimeoutStopSec"]
+    stop = timespan_seconds(timeout_stop)
+    assert stop > drain + KILL_GRACE_SECONDS, (
+        f"TimeoutStopSec={timeout_stop} leaves systemd killing the daemon before "
+        f"--drain-timeout {drain:g} s plus the CLI kill grace {KILL_GRACE_SECONDS:g} s are over"
+    )
+
+
+def test_systemd_reads_the_units_stop_timeout_as_this_test_does(tmp_path):
+    """``systemd-analyze verify`` accepts the unit and ``systemd-analyze timespan`` reads its
+    ``TimeoutStopSec`` as :func:`timespan_seconds` does (skipped without systemd-analyze)."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed on this machine")
+    text = UNIT.read_text()
+    local = tmp_path / "iop-edge.service"  # verify checks that ExecStart's program exists
+    local.write_text(text.replace("/opt/iop-edge/.venv/bin/iop-edge", IOP_EDGE))
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", str(local)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert verify.returncode == 0, verify.stderr
+    assert "iop-edge.service" not in verify.stderr
+    [timeout_stop] = unit_settings(text)["Service.TimeoutStopSec"]
+    span = subprocess.run(
+        ["systemd-analyze", "timespan", timeout_stop],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    micros = re.search(r"μs: (\d+)", span.stdout)
+    assert micros is not None, span.stdout
+    assert int(micros.group(1)) / 1e6 == timespan_seconds(timeout_stop)
+
+
+# --- item 9: SIGHUP never kills the daemon ---------------------------------------------------
+
+
+def test_sighup_while_the_daemon_starts_is_remembered_not_fatal(tmp_path):
+    """SIGHUP every 5 ms from the moment ``iop-edge serve`` starts importing its libraries until
+    it logs ``listening`` (before issue 10 the first ~0.4 s of imports ran with Python's default
+    action, which ends the process): it stays up, reaches ``listening``, the early signals give
+    a refresh triggered by ``signal``, and SIGTERM still exits 0.
+
+    The burst starts once a third-party extension module is mapped, not at ``Popen``: the
+    interpreter's own start, before any code of the package runs, is the one window no Python
+    program can cover (:mod:`iop_edge.sighup`)."""
+    config = write_config(tmp_path, doc_for())
+    with served(config) as daemon:
+        pid = daemon.process.pid
+        deadline = time.monotonic() + STARTUP
+        while not third_party_code_loaded(pid) and daemon.process.poll() is None:
+            assert time.monotonic() < deadline, "the daemon never started importing"
+            time.sleep(0.0005)
+        sent = 0
+        while not daemon.has_logged("listening") and daemon.process.poll() is None:
+            assert time.monotonic() < deadline, "the daemon did not start:\n" + daemon.log
+            daemon.process.send_signal(signal.SIGHUP)
+            sent += 1
+            time.sleep(HUP_PACE)
+        assert daemon.process.poll() is None, (
+            f"the daemon died (exit code {daemon.process.poll()}) after {sent} SIGHUP(s) while "
+            "starting:\n" + daemon.log
+        )
+        assert sent >= 10, "the burst did not overlap the start-up: the test proves nothing"
+        refresh = daemon.wait_event("config_refresh")
+        assert (refresh["trigger"], refresh["result"]) == ("signal", "applied")
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.exit_code() == 0, daemon.log
+    assert {(e["trigger"], e["result"]) for e in daemon.events("config_refresh")} == {
+        ("signal", "applied")
+    }
+    assert daemon.events()[-1]["event"] == "stopped"
+
+
+def test_sighup_while_the_daemon_stops_is_not_fatal(tmp_path):
+    """SIGTERM, then SIGHUP every 5 ms until the process is gone: the stop runs to its end and
+    the exit code is 0 (before issue 10 SIGHUP got its default action back while the daemon
+    stopped, and a reload at that moment ended it with a signal)."""
+    config = write_config(tmp_path, doc_for())
+    with served(config) as daemon:
+        daemon.wait_event("listening", STARTUP)
+        daemon.process.send_signal(signal.SIGTERM)
+        sent = 0
+        deadline = time.monotonic() + BOUND
+        while daemon.process.poll() is None:
+            assert time.monotonic() < deadline, "the daemon did not stop:\n" + daemon.log
+            daemon.process.send_signal(signal.SIGHUP)
+            sent += 1
+            time.sleep(HUP_PACE)
+        code = daemon.exit_code()
+    assert code == 0, f"exit code {code} after {sent} SIGHUP(s) while stopping:\n{daemon.log}"
+    assert sent >= 1
+    assert daemon.events()[-1]["event"] == "stopped"
+
+
+# --- item 9: internal errors log a traceback, never the request ---------------------------------
+
+
+class BrokenExecutor:
+    """A provider adapter with a bug: it fails with an error quoting the request body."""
+
+    async def complete(self, call: Any) -> Any:
+        """Raise (the message quotes the request, as careless error messages do)."""
+        raise ValueError(f"cannot encode {call.body!r}")
+
+    async def open_stream(self, call: Any) -> Any:
+        """Raise, as :meth:`complete`."""
+        raise ValueError(f"cannot encode {call.body!r}")
+
+
+class BrokenExecutors:
+    """Every provider and route of the edge served by :class:`BrokenExecutor`."""
+
+    def provider(self, node_id: str, provider_id: str) -> BrokenExecutor:
+        """The broken executor."""
+        return BrokenExecutor()
+
+    def route(self, route: Any) -> BrokenExecutor:
+        """The broken executor."""
+        return BrokenExecutor()
+
+
+def frame_points_at_a_raise(frame: str) -> bool:
+    """Whether ``FILE:LINE in FUNCTION`` names a line of this file that raises."""
+    location, _, _ = frame.partition(" in ")
+    path, _, line = location.rpartition(":")
+    return path == __file__ and "raise " in linecache.getline(path, int(line))
+
+
+@contextlib.asynccontextmanager
+async def running(daemon: Daemon) -> AsyncIterator[Daemon]:
+    """``daemon`` started, and stopped afterwards."""
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_internal_error_in_a_request_logs_its_frames_never_the_request(log_stream, stream):
+    """A provider adapter raises an unexpected exception whose message quotes the request:
+    the client gets a 500 ``internal_error`` envelope with its ``x-request-id``; the log's
+    ``request_failed`` line for that id names the exception type and carries the frames down
+    to the line that raised — not ``"exc_info": true`` — and no log line holds the prompt or
+    the client's token."""
+    token = new_token()
+    secret = "confidential prompt 7f3a9c"
+    doc = doc_for()
+    doc["openai"] |= {
+        "principal_tokens": [
+            {
+                "token_ref": "app",
+                "token_hash_sha256": token_hash(token),
+                "principal_ref": "team-a",
+            }
+        ]
+    }
+    daemon = Daemon(parse_config(doc))
+    daemon.server.executors = BrokenExecutors()  # type: ignore[assignment]
+    async with (
+        running(daemon),
+        aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session,
+        session.post(
+            daemon.openai_url + "/chat/completions",
+            json={
+                "model": "echo",
+                "stream": stream,
+                "messages": [{"role": "user", "content": secret}],
+            },
+            headers={"Authorization": f"Bearer {token}"},
+        ) as response,
+    ):
+        status, body = response.status, await response.json()
+        request_id = response.headers["x-request-id"]
+    assert status == 500
+    assert body["error"]["code"] == "internal_error"
+    assert secret not in json.dumps(body)
+    log = log_stream.getvalue()
+    assert "exc_info" not in log
+    assert secret not in log
+    assert token not in log
+    [failed] = events(log, "request_failed")
+    assert (failed["request_id"], failed["level"]) == (request_id, "error")
+    assert failed["error_type"] == "ValueError"
+    assert frame_points_at_a_raise(failed["traceback"][-1]), failed["traceback"]
+    [line] = events(log, "request")
+    assert (line["request_id"], line["status"], line["code"]) == (request_id, 500, "internal_error")
+
+
+async def test_an_internal_error_in_a_refresh_logs_its_traceback(log_stream, tmp_path):
+    """The refresh's classifier raises (a bug): the admin refresh answers ``rejected`` with a
+    reason, and the ``config_refresh_failed`` line carries the rendered traceback down to the
+    line that raised — not ``"exc_info": true``."""
+
+    def classify(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the classifier has a bug")
+
+    path = tmp_path / "edge.yaml"
+    path.write_text(dump(doc_for()))
+    daemon = Daemon(
+        parse_config(doc_for()),
+        config_path=path,
+        watch=False,
+        supervisor_options=SupervisorOptions(classify=classify),
+    )
+    async with (
+        running(daemon),
+        aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session,
+        session.post(daemon.console_url + "/admin/config/refresh?mode=apply") as response,
+    ):
+        status, result = response.status, await response.json()
+    assert (status, result["result"]) == (200, "rejected")
+    assert "internal error (RuntimeError: the classifier has a bug)" in json.dumps(result)
+    log = log_stream.getvalue()
+    [failed] = events(log, "config_refresh_failed")
+    rendered = failed["exception"]
+    assert rendered.startswith("Traceback (most recent call last):")
+    assert rendered.rstrip().endswith("RuntimeError: the classifier has a bug")
+    raised_at = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', rendered)[-1]
+    assert (raised_at[0], raised_at[2]) == (__file__, "classify")
+    assert "raise " in linecache.getline(__file__, int(raised_at[1]))
+    assert "exc_info" not in log
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+async def test_a_library_error_is_logged_with_its_traceback(fmt):
+    """asyncio reports a callback that raised through the stdlib ``logging`` module with the
+    exception attached; the structured log renders the traceback (the JSON ``exception``
+    field, or below the console line) — never ``exc_info: true``."""
+    stream = io.StringIO()
+    configure_logging("info", fmt, stream)
+    ran = asyncio.Event()
+
+    def callback() -> None:
+        ran.set()
+        raise KeyError("lost")
+
+    asyncio.get_running_loop().call_soon(callback)
+    await ran.wait()  # resumes after the loop has handled (and logged) the callback's error
+    flush_logs()
+    text = stream.getvalue()
+    if fmt == "json":
+        [line] = [e for e in events(text) if "exception" in e]
+        assert line["level"] == "error"
+        assert line["logger"] == "asyncio"
+        text = line["exception"]
+    assert "Traceback (most recent call last):" in text
+    assert re.search(rf'File "{re.escape(__file__)}", line \d+, in callback', text)
+    assert "KeyError: 'lost'" in text
+    assert "exc_info" not in stream.getvalue()
