@@ -12,6 +12,8 @@ and no process is left behind.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +25,7 @@ import pytest
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.testing.fake_behavior import FakeBehavior
-from tests.reliability.harness import FAKE_CLI, process_gone, settled, wait_for
+from tests.reliability.harness import FAKE_CLI, process_gone, raw_upstream, settled, wait_for
 
 SHORT_MS = 300
 """``request_timeout_ms`` of the ``-short`` providers: the stall and hang rows wait this long."""
@@ -236,3 +238,63 @@ async def test_a_hung_cli_with_a_child_is_killed_with_its_whole_group_mid_stream
     assert (status, got["error"]["code"]) == (200, "upstream_timeout")
     child = int(pid_file.read_text())
     await wait_for(lambda: process_gone(child))
+
+
+# --- statuses no framework sends, and error pages (issue 10) ---------------------------------
+
+COMPLETION = (
+    b'{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}'
+)
+HTML_PAGE = b"<html><body><h1>502 Bad Gateway</h1><hr>nginx/1.25 on gw-7.internal</body></html>"
+
+
+def raw_answer(status_line: str, body: bytes, content_type: str = "application/json") -> bytes:
+    head = f"{status_line}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+# (id, raw answer, stream, client status, client code, what the log line's error must hold)
+RAW_ROWS: list[tuple[str, bytes, bool, int, str, str]] = [
+    ("101", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", False, 502, ERR, "answered HTTP 101 Switching Protocols"),
+    ("101-stream", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", True, 502, ERR, "answered HTTP 101"),
+    ("205", raw_answer("HTTP/1.1 205 Reset Content", COMPLETION), False, 502, ERR, "answered HTTP 205 Reset Content"),
+    ("302", raw_answer("HTTP/1.1 302 Found", COMPLETION).replace(b"\r\n\r\n", b"\r\nLocation: http://127.0.0.1:9/\r\n\r\n", 1), False, 502, ERR, "answered HTTP 302 Found"),
+    ("999", raw_answer("HTTP/1.1 999 Weird", COMPLETION), False, 502, ERR, "answered HTTP 999 Weird"),
+    ("999-stream", raw_answer("HTTP/1.1 999 Weird", COMPLETION), True, 502, ERR, "answered HTTP 999 Weird"),
+    ("html-500", raw_answer("HTTP/1.1 500 Internal Server Error", HTML_PAGE, "text/html"), False, 500, ERR, "gw-7.internal"),
+    ("html-502-stream", raw_answer("HTTP/1.1 502 Bad Gateway", HTML_PAGE, "text/html"), True, 502, ERR, "gw-7.internal"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("answer", "stream", "status", "code", "logged"),
+    [pytest.param(*row[1:], id=row[0]) for row in RAW_ROWS],
+)
+async def test_an_unexpected_status_or_an_error_page_reaches_the_client_as_an_openai_error(
+    fake_oa, fake_ol, log_stream, answer, stream, status, code, logged
+):
+    """Issue 10 item 9, end to end: a 101 no longer hangs the client, a 205 is no longer a
+    200, a redirect or a 999 is no longer relayed verbatim — each is a 502 ``upstream_error``
+    whose log line names the status; an upstream's HTML error page keeps its status for the
+    client, in an OpenAI envelope that quotes nothing of the page (the log line has it)."""
+    async with raw_upstream(answer) as upstream:
+        doc = fault_doc(fake_oa.base_url, fake_ol.base_url)
+        doc["nodes"][0]["adapters"][0]["base_url"] = upstream.base_url + "/v1"
+        daemon = Daemon(parse_config(doc))
+        await daemon.start()
+        try:
+            async with asyncio.timeout(20):  # a hung client fails here, not at the CI's limit
+                got_status, got = await ask(daemon.openai_url, "oa", "hello edge", stream)
+            stats = await settled(daemon)
+        finally:
+            await daemon.stop()
+    assert (got_status, got["error"]["code"]) == (status, code)
+    assert set(got["error"]) == {"message", "type", "param", "code"}
+    assert "provider 'oa'" in got["error"]["message"]
+    assert "gw-7" not in got["error"]["message"]
+    assert "html" not in got["error"]["message"]
+    line = next(json.loads(x) for x in log_stream.getvalue().splitlines() if '"request"' in x)
+    assert (line["status"], line["code"]) == (status, code)
+    assert logged in line["error"]
+    assert (stats.admitted, stats.released, stats.double_releases) == (1, 1, 0)
