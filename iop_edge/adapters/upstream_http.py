@@ -4,7 +4,7 @@
   on first use (a session needs a running loop; a payload is mapped without one). aiohttp's own
   timeouts are off: each exchange is bounded by one deadline (``request_timeout_ms``).
 - :class:`HttpTarget`: where one executor sends its requests and how it names itself in errors.
-- :func:`read_capped`, :class:`LineReader`, :func:`error_reply`: reading bodies within
+- :func:`read_capped`, :class:`LineReader`, :func:`not_an_answer`: reading bodies within
   size caps; :func:`upstream_error` maps the third-party exceptions met on the way to
   :class:`~iop_edge.errors.AdapterError` (the adapters raise it once, ``from exc``).
 
@@ -45,7 +45,7 @@ __all__ = [
     "LineReader",
     "ResponseTooLarge",
     "error_envelope",
-    "error_reply",
+    "not_an_answer",
     "read_capped",
     "redact_url",
     "static_headers",
@@ -325,12 +325,15 @@ def _excerpt(text: str) -> str:
     return flat if len(flat) <= _MAX_ERROR_DETAIL else flat[: _MAX_ERROR_DETAIL - 3] + "..."
 
 
-def unexpected_status(
+async def not_an_answer(
     target: HttpTarget, url: str, response: aiohttp.ClientResponse
-) -> AdapterError:
-    """The ``upstream_error`` for a status that is neither 200 nor an error (400–599)."""
+) -> UpstreamReply:
+    """A status other than 200: the upstream's own error (400–599) as an
+    :class:`UpstreamReply`; anything else raises ``upstream_error`` naming the status."""
+    if 400 <= response.status <= 599:
+        return await error_reply(response, target.label)
     reason = _excerpt(response.reason or "")[:80]
-    return target.broken(
+    raise target.broken(
         url,
         f"it answered HTTP {response.status} {reason}".rstrip()
         + "; the edge relays only 200 (an answer) or 400-599 (an error), and never follows "
@@ -370,9 +373,7 @@ async def post_for_body(
                 allow_redirects=False,
             )
             if response.status != 200:
-                if not 400 <= response.status <= 599:
-                    raise unexpected_status(target, url, response)
-                reply = await error_reply(response, target.label)
+                reply = await not_an_answer(target, url, response)
                 finished = True
                 return reply
             raw = await read_capped(response)
@@ -404,9 +405,7 @@ async def post_for_stream(
                 allow_redirects=False,
             )
             if response.status != 200:
-                if not 400 <= response.status <= 599:
-                    raise unexpected_status(target, url, response)
-                reply = await error_reply(response, target.label)
+                reply = await not_an_answer(target, url, response)
                 response.release()
                 return reply
     except BaseException as exc:
