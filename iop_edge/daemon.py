@@ -28,10 +28,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from iop_edge import sighup
 from iop_edge.adapters.cli_process import KILL_GRACE_SECONDS
+from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, MonotonicClock
 from iop_edge.api.admin import AdminAPI
-from iop_edge.api.catalog import build_catalog, pool_policy
-from iop_edge.api.server import Executors, OpenAIServer
+from iop_edge.api.catalog import build_catalog
+from iop_edge.api.server import OpenAIServer
+from iop_edge.config.policy import pool_policy
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
 from iop_edge.listeners import (
@@ -74,7 +76,7 @@ class Daemon:
     freeze_gc: bool = False
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     scheduler: AdmissionScheduler = field(init=False)
-    executors: Executors = field(init=False)
+    adapters: NodeAdapters = field(init=False)
     server: OpenAIServer = field(init=False)
     metrics: EdgeMetrics = field(init=False)
     supervisor: Supervisor | None = field(init=False, default=None)
@@ -84,7 +86,7 @@ class Daemon:
 
     def __post_init__(self) -> None:
         self.scheduler = AdmissionScheduler(pool_policy(self.config), clock=self.clock)
-        self.executors = Executors.from_config(self.config)
+        self.adapters = NodeAdapters.from_config(self.config)
         self.metrics = EdgeMetrics(
             self.registry,
             self.scheduler.statistics,
@@ -94,7 +96,7 @@ class Daemon:
         self.server = OpenAIServer(
             self.config,
             self.scheduler,
-            self.executors,
+            self.adapters,
             clock=self.clock,
             logger=self.log,
             observers=[self.metrics.observe_request],
@@ -228,7 +230,7 @@ class Daemon:
         # four graces, never by more than one.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(max(deadline, loop.time() + KILL_GRACE_SECONDS + 0.5)):
-                await self.executors.aclose()
+                await self.adapters.aclose()
         for task in self._tasks:  # the watchdog pings until the very end
             task.cancel()
         stats = self.scheduler.statistics()

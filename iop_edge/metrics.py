@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from iop_edge.pool import PoolStatistics
 
 if TYPE_CHECKING:
-    from iop_edge.api.server import RequestRecord
+    from iop_edge.api.record import RequestRecord
     from iop_edge.listeners import ListenerStatistics
     from iop_edge.supervisor import RefreshRecord, Supervisor
 

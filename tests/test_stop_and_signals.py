@@ -476,14 +476,15 @@ class BrokenExecutor:
         raise ValueError(f"cannot encode {call.body!r}")
 
 
-class BrokenExecutors:
-    """Every provider and route of the edge served by :class:`BrokenExecutor`."""
+class BrokenAdapters:
+    """Every provider and route of the edge served by :class:`BrokenExecutor` (what
+    :class:`~iop_edge.adapters.registry.NodeAdapters` answers)."""
 
     def provider(self, node_id: str, provider_id: str) -> BrokenExecutor:
         """The broken executor."""
         return BrokenExecutor()
 
-    def route(self, route: Any) -> BrokenExecutor:
+    def route(self, node_id: str, adapter: str) -> BrokenExecutor:
         """The broken executor."""
         return BrokenExecutor()
 
@@ -525,7 +526,7 @@ async def test_an_internal_error_in_a_request_logs_its_frames_never_the_request(
         ]
     }
     daemon = Daemon(parse_config(doc))
-    daemon.server.executors = BrokenExecutors()  # type: ignore[assignment]
+    daemon.server.adapters = BrokenAdapters()  # type: ignore[assignment]
     async with (
         running(daemon),
         aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session,

@@ -1,5 +1,5 @@
-"""The adapter seam: what the HTTP layer hands an upstream, what it gets back, and the set of
-executors of one node (SPEC §7).
+"""The adapter seam: what the HTTP layer hands an upstream, and what it gets back
+(SPEC §7); the builders are in :mod:`iop_edge.adapters.registry`.
 
 An :class:`Executor` runs one :class:`UpstreamCall` on a provider (or a model route) and returns
 an :class:`UpstreamReply` (non-streaming, or an upstream error status) or an
@@ -42,11 +42,8 @@ from iop_edge.errors import AdapterError
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from iop_edge.config.payload import NodeConfigPayload
-
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
-    "AdapterSet",
     "Endpoint",
     "Executor",
     "UnsupportedRequestError",
@@ -180,65 +177,3 @@ class Backend(Protocol):
     async def aclose(self) -> None:
         """Release pooled connections / kill process groups still running."""
         ...
-
-
-class AdapterSet:
-    """All executors of one node, built from its :class:`NodeConfigPayload` alone.
-
-    One backend per enabled adapter instance (an HTTP connection pool for ``openai_compat`` and
-    ``ollama``, a process tracker for ``cli``), shared by every provider that uses the
-    instance. A provider's executor uses the provider's merged execution settings (its own
-    provider-first fields over its adapter's); an adapter's executor (for
-    ``openai.model_routes``) uses the adapter instance's settings alone. Disabled adapters get
-    no executor; disabled providers do (``enabled`` changes live), when their adapter is enabled.
-    """
-
-    def __init__(
-        self,
-        node_id: str,
-        backends: Mapping[str, Backend],
-        by_provider: Mapping[str, Executor],
-        by_adapter: Mapping[str, Executor],
-    ) -> None:
-        self.node_id = node_id
-        self._backends = dict(backends)
-        self._by_provider = dict(by_provider)
-        self._by_adapter = dict(by_adapter)
-
-    @classmethod
-    def from_payload(cls, payload: NodeConfigPayload) -> AdapterSet:
-        """Build the executors of ``payload``'s node; no I/O happens until the first call."""
-        # Imported here: the concrete adapters import this module for the types above.
-        from iop_edge.adapters.registry import build_adapter_set
-
-        return build_adapter_set(cls, payload)
-
-    def for_provider(self, provider_id: str) -> Executor:
-        """The executor of an enabled provider of this node; :class:`KeyError` otherwise."""
-        try:
-            return self._by_provider[provider_id]
-        except KeyError:
-            known = ", ".join(sorted(self._by_provider)) or "none"
-            raise KeyError(
-                f"node {self.node_id!r} has no provider {provider_id!r} with an enabled "
-                f"adapter; providers with one: {known}"
-            ) from None
-
-    def for_adapter(self, adapter_name: str) -> Executor:
-        """The executor of an enabled adapter instance of this node (for model routes)."""
-        try:
-            return self._by_adapter[adapter_name]
-        except KeyError:
-            known = ", ".join(sorted(self._by_adapter)) or "none"
-            raise KeyError(
-                f"node {self.node_id!r} has no enabled adapter {adapter_name!r}; "
-                f"enabled adapters: {known}"
-            ) from None
-
-    async def aclose(self) -> None:
-        """Close pooled connections and kill CLI process groups still running; idempotent.
-
-        Calls still in flight fail with ``upstream_error``.
-        """
-        for backend in self._backends.values():
-            await backend.aclose()

@@ -1,4 +1,5 @@
-"""Builds an :class:`~iop_edge.adapters.base.AdapterSet` from a node payload.
+"""The executors of the edge: :class:`AdapterSet` (one node's, built from its payload) and
+:class:`NodeAdapters` (every node's, what the request path asks).
 
 Each enabled adapter instance gets one backend (:class:`HttpBackend` for ``openai_compat`` and
 ``ollama``, :class:`CliTracker` for ``cli``) and one executor with its own execution settings
@@ -10,22 +11,21 @@ setting, and a provider enabled by a refresh must find its executor ready.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from iop_edge.adapters.base import DEFAULT_REQUEST_TIMEOUT_MS, AdapterSet, Backend, Executor
+from iop_edge.adapters.base import DEFAULT_REQUEST_TIMEOUT_MS, Backend, Executor
 from iop_edge.adapters.cli import CliExecutor
 from iop_edge.adapters.cli_process import CliTracker, minimal_env
 from iop_edge.adapters.ollama import OllamaExecutor
 from iop_edge.adapters.openai_compat import OpenAICompatExecutor
 from iop_edge.adapters.upstream_http import HttpBackend, HttpTarget, static_headers
+from iop_edge.config.payload import NodeConfigPayload, node_payload
 
 if TYPE_CHECKING:
-    from iop_edge.config.payload import NodeConfigPayload
-    from iop_edge.config.schema import AdapterType, ExecutionFields
+    from iop_edge.config.schema import AdapterType, EdgeConfig, ExecutionFields
 
-__all__ = ["build_adapter_set", "build_executor"]
-
-_Set = TypeVar("_Set", bound=AdapterSet)
+__all__ = ["AdapterSet", "NodeAdapters", "build_executor"]
 
 
 def build_executor(
@@ -57,8 +57,67 @@ def build_executor(
     return OpenAICompatExecutor(backend, target, execution.endpoint)
 
 
-def build_adapter_set(cls: type[_Set], payload: NodeConfigPayload) -> _Set:
-    """All executors of ``payload``'s node (see the module docstring)."""
+class AdapterSet:
+    """All executors of one node, built from its :class:`NodeConfigPayload` alone.
+
+    One backend per enabled adapter instance (an HTTP connection pool for ``openai_compat`` and
+    ``ollama``, a process tracker for ``cli``), shared by every provider that uses the
+    instance. A provider's executor uses the provider's merged execution settings (its own
+    provider-first fields over its adapter's); an adapter's executor (for
+    ``openai.model_routes``) uses the adapter instance's settings alone. Disabled adapters get
+    no executor; disabled providers do (``enabled`` changes live), when their adapter is enabled.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        backends: Mapping[str, Backend],
+        by_provider: Mapping[str, Executor],
+        by_adapter: Mapping[str, Executor],
+    ) -> None:
+        self.node_id = node_id
+        self._backends = dict(backends)
+        self._by_provider = dict(by_provider)
+        self._by_adapter = dict(by_adapter)
+
+    @classmethod
+    def from_payload(cls, payload: NodeConfigPayload) -> AdapterSet:
+        """Build the executors of ``payload``'s node; no I/O happens until the first call."""
+        return _build(payload)
+
+    def for_provider(self, provider_id: str) -> Executor:
+        """The executor of an enabled provider of this node; :class:`KeyError` otherwise."""
+        try:
+            return self._by_provider[provider_id]
+        except KeyError:
+            known = ", ".join(sorted(self._by_provider)) or "none"
+            raise KeyError(
+                f"node {self.node_id!r} has no provider {provider_id!r} with an enabled "
+                f"adapter; providers with one: {known}"
+            ) from None
+
+    def for_adapter(self, adapter_name: str) -> Executor:
+        """The executor of an enabled adapter instance of this node (for model routes)."""
+        try:
+            return self._by_adapter[adapter_name]
+        except KeyError:
+            known = ", ".join(sorted(self._by_adapter)) or "none"
+            raise KeyError(
+                f"node {self.node_id!r} has no enabled adapter {adapter_name!r}; "
+                f"enabled adapters: {known}"
+            ) from None
+
+    async def aclose(self) -> None:
+        """Close pooled connections and kill CLI process groups still running; idempotent.
+
+        Calls still in flight fail with ``upstream_error``.
+        """
+        for backend in self._backends.values():
+            await backend.aclose()
+
+
+def _build(payload: NodeConfigPayload) -> AdapterSet:
+    """All executors of ``payload``'s node (see :class:`AdapterSet`)."""
     backends: dict[str, Backend] = {}
     kinds: dict[str, AdapterType] = {}
     by_adapter: dict[str, Executor] = {}
@@ -87,4 +146,32 @@ def build_adapter_set(cls: type[_Set], payload: NodeConfigPayload) -> _Set:
             provider.execution,
             f"provider {provider.id!r} (adapter {name!r})",
         )
-    return cls(payload.node_id, backends, by_provider, by_adapter)
+    return AdapterSet(payload.node_id, backends, by_provider, by_adapter)
+
+
+class NodeAdapters:
+    """Every node's :class:`AdapterSet`, built from the node payloads at start-up: what the
+    request path asks for the executor of a leased provider or of a model route."""
+
+    def __init__(self, sets: Mapping[str, AdapterSet]) -> None:
+        self._sets = dict(sets)
+
+    @classmethod
+    def from_config(cls, config: EdgeConfig) -> NodeAdapters:
+        """Build each node's adapters from its :class:`NodeConfigPayload` alone."""
+        return cls(
+            {n.id: AdapterSet.from_payload(node_payload(config, n.id)) for n in config.nodes}
+        )
+
+    def provider(self, node_id: str, provider_id: str) -> Executor:
+        """The executor of a provider (``KeyError`` names what exists when there is none)."""
+        return self._sets[node_id].for_provider(provider_id)
+
+    def route(self, node_id: str, adapter: str) -> Executor:
+        """The executor of a model route: adapter instance ``adapter`` of node ``node_id``."""
+        return self._sets[node_id].for_adapter(adapter)
+
+    async def aclose(self) -> None:
+        """Close every node's pooled connections and kill CLI groups still running."""
+        for adapter_set in self._sets.values():
+            await adapter_set.aclose()

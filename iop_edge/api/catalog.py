@@ -13,8 +13,8 @@ from types import MappingProxyType
 
 import orjson
 
+from iop_edge.config.policy import passthrough_providers
 from iop_edge.config.schema import EdgeConfig, ModelGroup
-from iop_edge.pool import PoolPolicy, ProviderPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +94,7 @@ def _model_object(model_id: str, display_name: str | None, created: int) -> dict
 
 def build_catalog(config: EdgeConfig, created: int = 0) -> Catalog:
     """The catalog of an effective config; ``created`` is the Unix time to report for models."""
-    passthrough = _passthrough(config)
+    passthrough = passthrough_providers(config)
     models = {group.id: ModelEntry.from_group(group, passthrough) for group in config.models}
     routes = {
         r.model: RouteEntry(model=r.model, node_id=r.node or "", adapter=r.adapter, target=r.target)
@@ -110,44 +110,4 @@ def build_catalog(config: EdgeConfig, created: int = 0) -> Catalog:
         provider_nodes=MappingProxyType({p.id: n.id for n in config.nodes for p in n.providers}),
         created=created,
         models_body=orjson.dumps({"object": "list", "data": listing}),
-    )
-
-
-def _passthrough(config: EdgeConfig) -> set[str]:
-    return {p.id for n in config.nodes for p in n.providers if p.type == "openai_compat"}
-
-
-def completions_group(model_id: str) -> str:
-    """The scheduler group of a model's ``/v1/completions`` requests: its passthrough
-    (``openai_compat``) providers only, sharing their slots with the chat group. The brackets
-    cannot appear in a model id, so the name never collides."""
-    return f"{model_id}[completions]"
-
-
-def pool_policy(config: EdgeConfig) -> PoolPolicy:
-    """The scheduler's policy from an effective config: every provider, every model group, and
-    for each model with passthrough providers its :func:`completions_group`."""
-    nodes_of = {p.id: n.id for n in config.nodes for p in n.providers}
-    passthrough = _passthrough(config)
-    groups = {g.id: tuple((nodes_of[r.id], r.id) for r in g.providers) for g in config.models}
-    for g in config.models:
-        keys = tuple((nodes_of[r.id], r.id) for r in g.providers if r.id in passthrough)
-        if keys:
-            groups[completions_group(g.id)] = keys
-    return PoolPolicy(
-        max_queue=config.provider_pool.max_queue,
-        queue_timeout_ms=config.provider_pool.queue_timeout_ms,
-        providers=tuple(
-            ProviderPolicy(
-                node_id=n.id,
-                provider_id=p.id,
-                capacity=p.capacity,
-                long_context_capacity=p.long_context_capacity,
-                priority=p.priority,
-                enabled=p.enabled,
-            )
-            for n in config.nodes
-            for p in n.providers
-        ),
-        groups=groups,
     )

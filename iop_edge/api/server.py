@@ -18,23 +18,22 @@ import itertools
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any, Final
 
 from aiohttp import web
 
 from iop_edge.adapters.base import (
-    AdapterSet,
     Executor,
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
-    Usage,
 )
+from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler
-from iop_edge.api.auth import Authenticator, Principal, ProviderAuthForwarder
-from iop_edge.api.catalog import Catalog, RouteEntry, build_catalog, completions_group
+from iop_edge.api.auth import Authenticator, ProviderAuthForwarder
+from iop_edge.api.bodies import Endpoint, parse_body, prepare
+from iop_edge.api.catalog import Catalog, build_catalog
 from iop_edge.api.errors import client_message, describe, envelope, error_headers
 from iop_edge.api.guard import (
     Cors,
@@ -43,8 +42,8 @@ from iop_edge.api.guard import (
     install_log_scrubber,
     require_json_body,
 )
-from iop_edge.api.requests import Endpoint, parse_body, prepare
-from iop_edge.config.payload import node_payload
+from iop_edge.api.record import RequestObserver, RequestRecord
+from iop_edge.config.policy import completions_group
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
 from iop_edge.errors import AdapterError, IopEdgeError, RequestError
@@ -60,84 +59,6 @@ _ID_COUNTER: Final = itertools.count(1)
 _JSON: Final = "application/json"
 
 
-@dataclass(slots=True)
-class RequestRecord:
-    """What one request did: the log line and the metrics are written from it."""
-
-    request_id: str
-    endpoint: str
-    started: float
-    principal: Principal | None = None
-    model: str | None = None
-    node: str | None = None
-    provider: str | None = None
-    stream: bool = False
-    status: int = 0
-    code: str = "ok"
-    queue_wait: float | None = None
-    time_to_first_token: float | None = None
-    duration: float = 0.0
-    usage: Usage = field(default_factory=Usage)
-    #: the full error (adapter details included) for the log; clients get a shorter message
-    error: str | None = None
-    #: the model names a models[] group or a route (metrics label it; unknown ids are not)
-    resolved: bool = False
-    #: how the upstream failed: ``upstream_error``, ``upstream_timeout`` or ``http_<status>``
-    upstream_failure: str | None = None
-
-    def log_fields(self) -> dict[str, Any]:
-        """The fields of the request's log line (never a raw token)."""
-        principal = self.principal
-        return {
-            "request_id": self.request_id,
-            "principal_ref": principal.principal_ref if principal else None,
-            "token_ref": principal.token_ref if principal else None,
-            "model": self.model,
-            "node": self.node,
-            "provider": self.provider,
-            "status": self.status,
-            "code": self.code,
-            "stream": self.stream,
-            "queue_wait_ms": round(self.queue_wait * 1000, 3)
-            if self.queue_wait is not None
-            else None,
-            "duration_ms": round(self.duration * 1000, 3),
-            "prompt_tokens": self.usage.prompt_tokens,
-            "completion_tokens": self.usage.completion_tokens,
-            "error": self.error,
-        }
-
-
-RequestObserver = Callable[[RequestRecord], None]
-
-
-class Executors:
-    """Every node's :class:`AdapterSet`, built from the node payloads at start-up."""
-
-    def __init__(self, sets: Mapping[str, AdapterSet]) -> None:
-        self._sets = dict(sets)
-
-    @classmethod
-    def from_config(cls, config: EdgeConfig) -> Executors:
-        """Build each node's adapters from its :class:`NodeConfigPayload` alone."""
-        return cls(
-            {n.id: AdapterSet.from_payload(node_payload(config, n.id)) for n in config.nodes}
-        )
-
-    def provider(self, node_id: str, provider_id: str) -> Executor:
-        """The executor of a provider (``KeyError`` names what exists when there is none)."""
-        return self._sets[node_id].for_provider(provider_id)
-
-    def route(self, route: RouteEntry) -> Executor:
-        """The executor of a model route's adapter instance."""
-        return self._sets[route.node_id].for_adapter(route.adapter)
-
-    async def aclose(self) -> None:
-        """Close every node's pooled connections and kill CLI groups still running."""
-        for adapter_set in self._sets.values():
-            await adapter_set.aclose()
-
-
 class OpenAIServer:
     """The request path. :meth:`swap_catalog` replaces the catalog atomically on a refresh."""
 
@@ -145,7 +66,7 @@ class OpenAIServer:
         self,
         config: EdgeConfig,
         scheduler: AdmissionScheduler,
-        executors: Executors,
+        adapters: NodeAdapters,
         *,
         clock: Clock,
         logger: Any,
@@ -153,7 +74,7 @@ class OpenAIServer:
     ) -> None:
         self.catalog: Catalog = build_catalog(config, created=int(time.time()))
         self.scheduler = scheduler
-        self.executors = executors
+        self.adapters = adapters
         self.clock = clock
         self.log = logger
         self.write_request_line = request_logger(logger)
@@ -331,7 +252,9 @@ class OpenAIServer:
                 upstream_headers,
                 record.request_id,
             )
-            return await self._execute(request, record, self.executors.route(route), call)
+            return await self._execute(
+                request, record, self.adapters.route(route.node_id, route.adapter), call
+            )
 
         record.resolved = True
         prepared = prepare(body, endpoint, model, catalog.long_context_threshold_tokens)
@@ -361,7 +284,7 @@ class OpenAIServer:
                 upstream_headers,
                 record.request_id,
             )
-            executor = self.executors.provider(lease.node_id, lease.provider_id)
+            executor = self.adapters.provider(lease.node_id, lease.provider_id)
             return await self._execute(request, record, executor, call)
 
     async def _execute(

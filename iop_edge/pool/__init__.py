@@ -4,8 +4,7 @@ Nothing here does I/O, awaits, or reads a clock: :class:`PoolScheduler` takes ``
 returns decisions; :mod:`iop_edge.admission` is the asyncio shell around it.
 """
 
-from iop_edge.pool.policy import PoolPolicy, ProviderKey, ProviderPolicy
-from iop_edge.pool.requests import (
+from iop_edge.pool.decisions import (
     Decision,
     Dispatch,
     PendingRequest,
@@ -15,6 +14,7 @@ from iop_edge.pool.requests import (
     SlotLease,
     Submission,
 )
+from iop_edge.pool.policy import PoolPolicy, ProviderKey, ProviderPolicy
 from iop_edge.pool.scheduler import PoolScheduler
 from iop_edge.pool.statistics import REJECTION_COUNTERS, PoolStatistics, ProviderStatistics
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 
-from iop_edge.pool.requests import PendingRequest
+from iop_edge.pool.decisions import PendingRequest
 
 DeadlineEntry = tuple[float, int, PendingRequest]
 

@@ -26,8 +26,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from iop_edge.pool.deadlines import DeadlineHeap
-from iop_edge.pool.policy import PoolPolicy, ProviderKey
-from iop_edge.pool.requests import (
+from iop_edge.pool.decisions import (
     Decision,
     Dispatch,
     PendingRequest,
@@ -38,6 +37,7 @@ from iop_edge.pool.requests import (
     SlotLease,
     Submission,
 )
+from iop_edge.pool.policy import PoolPolicy, ProviderKey
 from iop_edge.pool.slots import Membership, ModelGroup, ProviderSlot
 from iop_edge.pool.statistics import REJECTION_COUNTERS, PoolStatistics, provider_statistics
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import heapq
 
+from iop_edge.pool.decisions import RequestQueue
 from iop_edge.pool.policy import ProviderKey, ProviderPolicy
-from iop_edge.pool.requests import RequestQueue
 
 HeapEntry = tuple[int, int, int, int, "Membership"]
 

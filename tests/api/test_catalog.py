@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from iop_edge.api.catalog import build_catalog, completions_group, pool_policy
+from iop_edge.api.catalog import build_catalog
+from iop_edge.config.policy import completions_group, pool_policy
 from tests.config.helpers import base_doc, load, node
 
 

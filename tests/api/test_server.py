@@ -446,7 +446,7 @@ async def test_parallel_requests_never_exceed_capacity_upstream(fake_oa, fake_ol
 async def test_an_unexpected_failure_is_a_500_envelope_and_releases_the_slot(
     edge, client, log_stream, monkeypatch
 ):
-    executor = edge.executors.provider("n1", "up")
+    executor = edge.adapters.provider("n1", "up")
 
     async def broken(call):
         raise RuntimeError("a bug in the edge")

@@ -36,8 +36,8 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from iop_edge.adapters.cli_process import CliTracker
-from iop_edge.api.catalog import pool_policy
 from iop_edge.config import ConfigError, load_config, parse_config
+from iop_edge.config.policy import pool_policy
 from iop_edge.config.refresh import RefreshResult, config_hash
 from iop_edge.daemon import Daemon
 from iop_edge.pool import PoolPolicy, PoolStatistics
@@ -70,7 +70,7 @@ def cli_trackers(daemon: Daemon) -> list[CliTracker]:
     """The process trackers of every ``cli`` adapter instance of the daemon."""
     return [
         backend
-        for adapter_set in daemon.executors._sets.values()
+        for adapter_set in daemon.adapters._sets.values()
         for backend in adapter_set._backends.values()
         if isinstance(backend, CliTracker)
     ]

@@ -224,7 +224,7 @@ def edge_buffers(daemon: Daemon) -> tuple[int, bool]:
     unsent = sum(
         h.transport.get_write_buffer_size() for h in server.connections if h.transport is not None
     )
-    backend = daemon.executors._sets["n1"]._backends["up"]
+    backend = daemon.adapters._sets["n1"]._backends["up"]
     session = getattr(backend, "_session", None)
     paused = session is not None and any(
         proto._reading_paused or getattr(proto, "_buffer_paused", False)

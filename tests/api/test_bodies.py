@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from iop_edge.api.catalog import ModelEntry
-from iop_edge.api.requests import (
+from iop_edge.api.bodies import (
     apply_generation_policy,
     estimate_input_tokens,
     parse_body,
     prepare,
 )
+from iop_edge.api.catalog import ModelEntry
 from iop_edge.errors import RequestError
 
 

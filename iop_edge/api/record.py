@@ -1,0 +1,64 @@
+"""One request's record: what the request path learned about it, from which its log line and
+its metrics are written (:class:`RequestRecord`), and who is told when it ends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from iop_edge.adapters.base import Usage
+from iop_edge.api.auth import Principal
+
+__all__ = ["RequestObserver", "RequestRecord"]
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What one request did: the log line and the metrics are written from it."""
+
+    request_id: str
+    endpoint: str
+    started: float
+    principal: Principal | None = None
+    model: str | None = None
+    node: str | None = None
+    provider: str | None = None
+    stream: bool = False
+    status: int = 0
+    code: str = "ok"
+    queue_wait: float | None = None
+    time_to_first_token: float | None = None
+    duration: float = 0.0
+    usage: Usage = field(default_factory=Usage)
+    #: the full error (adapter details included) for the log; clients get a shorter message
+    error: str | None = None
+    #: the model names a models[] group or a route (metrics label it; unknown ids are not)
+    resolved: bool = False
+    #: how the upstream failed: ``upstream_error``, ``upstream_timeout`` or ``http_<status>``
+    upstream_failure: str | None = None
+
+    def log_fields(self) -> dict[str, Any]:
+        """The fields of the request's log line (never a raw token)."""
+        principal = self.principal
+        return {
+            "request_id": self.request_id,
+            "principal_ref": principal.principal_ref if principal else None,
+            "token_ref": principal.token_ref if principal else None,
+            "model": self.model,
+            "node": self.node,
+            "provider": self.provider,
+            "status": self.status,
+            "code": self.code,
+            "stream": self.stream,
+            "queue_wait_ms": round(self.queue_wait * 1000, 3)
+            if self.queue_wait is not None
+            else None,
+            "duration_ms": round(self.duration * 1000, 3),
+            "prompt_tokens": self.usage.prompt_tokens,
+            "completion_tokens": self.usage.completion_tokens,
+            "error": self.error,
+        }
+
+
+RequestObserver = Callable[[RequestRecord], None]

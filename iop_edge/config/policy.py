@@ -1,0 +1,53 @@
+"""The scheduler's policy from an effective config (pure): config → pool, nothing in between.
+
+The reload path (supervisor → refresh → scheduler) maps a config to a :class:`PoolPolicy` here,
+without passing through the HTTP package.
+"""
+
+from __future__ import annotations
+
+from iop_edge.config.schema import EdgeConfig
+from iop_edge.pool import PoolPolicy, ProviderPolicy
+
+__all__ = ["completions_group", "passthrough_providers", "pool_policy"]
+
+
+def passthrough_providers(config: EdgeConfig) -> set[str]:
+    """The ids of the ``openai_compat`` providers: the only ones serving ``/v1/completions``."""
+    return {p.id for n in config.nodes for p in n.providers if p.type == "openai_compat"}
+
+
+def completions_group(model_id: str) -> str:
+    """The scheduler group of a model's ``/v1/completions`` requests: its passthrough
+    (``openai_compat``) providers only, sharing their slots with the chat group. The brackets
+    cannot appear in a model id, so the name never collides."""
+    return f"{model_id}[completions]"
+
+
+def pool_policy(config: EdgeConfig) -> PoolPolicy:
+    """The scheduler's policy from an effective config: every provider, every model group, and
+    for each model with passthrough providers its :func:`completions_group`."""
+    nodes_of = {p.id: n.id for n in config.nodes for p in n.providers}
+    passthrough = passthrough_providers(config)
+    groups = {g.id: tuple((nodes_of[r.id], r.id) for r in g.providers) for g in config.models}
+    for g in config.models:
+        keys = tuple((nodes_of[r.id], r.id) for r in g.providers if r.id in passthrough)
+        if keys:
+            groups[completions_group(g.id)] = keys
+    return PoolPolicy(
+        max_queue=config.provider_pool.max_queue,
+        queue_timeout_ms=config.provider_pool.queue_timeout_ms,
+        providers=tuple(
+            ProviderPolicy(
+                node_id=n.id,
+                provider_id=p.id,
+                capacity=p.capacity,
+                long_context_capacity=p.long_context_capacity,
+                priority=p.priority,
+                enabled=p.enabled,
+            )
+            for n in config.nodes
+            for p in n.providers
+        ),
+        groups=groups,
+    )
