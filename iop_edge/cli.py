@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import yaml
 
@@ -30,15 +30,22 @@ from iop_edge.config import ConfigError, EdgeConfig, dump_config
 from iop_edge.config.load import parse_yaml
 from iop_edge.config.payload import node_payload
 from iop_edge.config.redact import redact
-from iop_edge.config.refresh import RefreshResult, refresh
+from iop_edge.config.refresh import Outcome, RefreshResult, refresh
 from iop_edge.config.schema import PrincipalToken
 from iop_edge.config_file import load_config_file, read_config_text
 from iop_edge.tokens import new_token, token_hash
 
+# The exit codes of every command, in one table (README "Command line").
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
 EXIT_RESTART = 3
+#: What ``config refresh`` exits with for each refresh result.
+REFRESH_EXIT: Final[dict[Outcome, int]] = {
+    "applied": EXIT_OK,
+    "rejected": EXIT_INVALID,
+    "restart_required": EXIT_RESTART,
+}
 
 DEFAULT_CONFIG = "/etc/iop-edge/edge.yaml"
 
@@ -180,7 +187,7 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
             return EXIT_INVALID
         online = RefreshResult.model_validate(data)
         print(json.dumps(online.to_json(), indent=2) if args.json else format_refresh(online))
-        return online.exit_code
+        return REFRESH_EXIT[online.result]
     try:
         running = read_config(args.offline)
     except ConfigError as exc:
@@ -194,7 +201,7 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     result = refresh(running, text, mode=mode, env=os.environ, source=args.config).result
     print(json.dumps(result.to_json(), indent=2) if args.json else format_refresh(result))
-    return result.exit_code
+    return REFRESH_EXIT[result.result]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from iop_edge import sighup
 from iop_edge.adapters.cli_process import KILL_GRACE_SECONDS
@@ -303,12 +303,14 @@ class Daemon:
             await asyncio.sleep(interval)
 
     def _metrics_app(self) -> web.Application:
-        async def scrape(request: web.Request) -> web.Response:
-            body = generate_latest(self.registry)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
+        # prometheus-client's own handler: content negotiation (OpenMetrics) and name[]
+        # filters, nothing hand-written to keep in step with the exposition formats. No gzip:
+        # aiohttp compresses in the loop's thread pool, and a scrape must answer even when
+        # that pool is exhausted (the moment an operator looks).
         app = web.Application()
-        app.router.add_get("/metrics", scrape)
+        app.router.add_get(
+            "/metrics", make_aiohttp_handler(self.registry, disable_compression=True)
+        )
         return app
 
 

@@ -16,6 +16,29 @@ Third-party exceptions are mapped to these once, at the boundary where they occu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+#: Why the scheduler refused or dropped a request (the values of
+#: :class:`iop_edge.pool.RejectReason`, which a test keeps equal).
+AdmissionReason = Literal[
+    "queue_full", "queue_timeout", "no_available_provider", "model_not_found", "client_gone"
+]
+#: How an upstream call failed.
+AdapterCode = Literal["upstream_error", "upstream_timeout"]
+#: Why a request has no valid principal or credential (401).
+AuthCode = Literal[
+    "invalid_api_key", "provider_auth_required", "invalid_provider_auth", "invalid_admin_token"
+]
+#: Why a client request is refused before admission.
+RequestCode = Literal[
+    "invalid_request_error",
+    "model_not_found",
+    "context_length_exceeded",
+    "request_too_large",
+    "unsupported_media_type",
+    "origin_not_allowed",
+    "host_not_allowed",
+]
 
 
 class IopEdgeError(Exception):
@@ -49,7 +72,9 @@ class AdmissionError(IopEdgeError):
     (a removed model group, a last provider disabled) caused it.
     """
 
-    def __init__(self, reason: str, message: str, *, config_change: bool = False) -> None:
+    def __init__(
+        self, reason: AdmissionReason, message: str, *, config_change: bool = False
+    ) -> None:
         self.reason = reason
         self.config_change = config_change
         super().__init__(message)
@@ -58,7 +83,7 @@ class AdmissionError(IopEdgeError):
 class AdapterError(IopEdgeError):
     """An upstream call failed. ``code`` is ``upstream_error`` or ``upstream_timeout``."""
 
-    def __init__(self, code: str, message: str, *, status: int = 502) -> None:
+    def __init__(self, code: AdapterCode, message: str, *, status: int = 502) -> None:
         self.code = code
         self.status = status
         super().__init__(message)
@@ -67,7 +92,7 @@ class AdapterError(IopEdgeError):
 class AuthError(IopEdgeError):
     """A request lacks a valid principal token or a required provider credential."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: AuthCode, message: str) -> None:
         self.code = code
         super().__init__(message)
 
@@ -79,7 +104,9 @@ class RequestError(IopEdgeError):
     ``request_too_large``; ``param`` names the offending field when there is one.
     """
 
-    def __init__(self, code: str, message: str, *, status: int = 400, param: str | None = None):
+    def __init__(
+        self, code: RequestCode, message: str, *, status: int = 400, param: str | None = None
+    ):
         self.code = code
         self.status = status
         self.param = param

@@ -39,7 +39,7 @@ from typing import Any, Final, cast
 
 from aiohttp import web
 
-from iop_edge.api.errors import envelope
+from iop_edge.envelope import envelope
 from iop_edge.logs import RateLimiter
 from iop_edge.seams import Clock
 

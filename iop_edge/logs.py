@@ -1,8 +1,8 @@
 """Structured logs: one JSON object per event (or a console rendering), never a raw token.
 
 Events carry request ids, ``principal_ref`` and ``token_ref`` — the raw bearer token and the
-provider credential never reach a log line: the request path logs only the fields named in
-:data:`REQUEST_FIELDS`.
+provider credential never reach a log line: the request path logs only the fields of
+:meth:`iop_edge.api.record.RequestRecord.log_fields`.
 
 An event logged with ``exc_info`` (``log.exception(...)``) carries its traceback: the JSON line
 in an ``exception`` field, the console rendering below the line. What libraries write through
@@ -24,22 +24,6 @@ from typing import Any, Final, TextIO
 
 import orjson
 import structlog
-
-REQUEST_FIELDS: Final = (
-    "request_id",
-    "principal_ref",
-    "token_ref",
-    "model",
-    "provider",
-    "node",
-    "status",
-    "code",
-    "stream",
-    "queue_wait_ms",
-    "duration_ms",
-    "prompt_tokens",
-    "completion_tokens",
-)
 
 LIBRARY_LOG_INTERVAL: Final = 10.0
 """Seconds between two log lines of one repeated library message (the others are counted)."""

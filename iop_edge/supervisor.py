@@ -38,7 +38,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 import watchfiles
 
@@ -56,7 +56,6 @@ from iop_edge.errors import ConfigError, ConfigProblem
 from iop_edge.systemd import Notifier
 
 Trigger = Literal["file", "signal", "api"]
-TRIGGERS: Final = ("file", "signal", "api")
 
 
 @dataclass(frozen=True, slots=True)

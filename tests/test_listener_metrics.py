@@ -47,3 +47,23 @@ async def test_a_refused_connection_is_counted_with_the_open_ones_and_the_cap(tm
     assert samples[("iop_edge_listener_connection_events_total", stalls)] == 0
     # the scrape itself is a connection of the metrics listener
     assert samples[("iop_edge_listener_connections", (("listener", "metrics"),))] == 1
+
+
+async def test_metrics_are_served_by_prometheus_clients_own_handler(tmp_path):
+    """Content negotiation comes with it: a scraper asking for OpenMetrics gets OpenMetrics,
+    one asking for nothing gets the text format (issue 11)."""
+    async with edge_on(tmp_path, doc_for()) as edge:
+        url = edge.daemon.metrics_url
+        openmetrics = {"Accept": "application/openmetrics-text; version=1.0.0"}
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url, headers=openmetrics) as response:
+                negotiated = response.headers["Content-Type"], await response.text()
+            async with session.get(url) as response:
+                plain = response.headers["Content-Type"], await response.text()
+    content_type, body = negotiated
+    assert content_type.startswith("application/openmetrics-text")
+    assert body.endswith("# EOF\n")
+    content_type, body = plain
+    assert content_type.startswith("text/plain; version=0.0.4")
+    names = {f.name for f in text_string_to_metric_families(body)}
+    assert {"iop_edge_queue_depth", "iop_edge_listener_connections"} <= names

@@ -22,7 +22,7 @@ Failure contract, the same for every adapter:
   an ``upstream_error`` naming the status;
 - an endpoint the adapter cannot serve (``completions`` on ``ollama`` / ``cli``):
   :class:`UnsupportedRequestError`, status 400, code ``invalid_request_error``, raised before
-  any I/O (check :attr:`Executor.endpoints` to refuse earlier).
+  any I/O (the catalog knows which model groups serve ``completions`` from the config).
 
 ``request_timeout_ms`` (merged execution field, :data:`DEFAULT_REQUEST_TIMEOUT_MS` when unset)
 is one deadline for the whole exchange, from the call to the last frame: a stall between frames
@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, Self
 
-from iop_edge.errors import AdapterError
+from iop_edge.errors import RequestError
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -144,11 +144,6 @@ class UpstreamStream:
 class Executor(Protocol):
     """Runs calls on one provider (or one adapter instance, for a model route)."""
 
-    @property
-    def endpoints(self) -> frozenset[str]:
-        """The endpoints this executor serves (``chat/completions``, maybe ``completions``)."""
-        ...
-
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """Run a non-streaming call; raise :class:`~iop_edge.errors.AdapterError` on failure."""
         ...
@@ -158,17 +153,16 @@ class Executor(Protocol):
         ...
 
 
-class UnsupportedRequestError(AdapterError):
+class UnsupportedRequestError(RequestError):
     """The call asks for something this adapter cannot do, before any I/O: an endpoint it does
     not serve (``completions`` on ``ollama`` / ``cli``) or a request it cannot translate
-    (no ``messages`` list, an image given by URL to Ollama). ``code`` is
-    ``invalid_request_error`` and ``status`` 400: map it like a bad field of the request — it
-    is the client's request, not the upstream, that cannot be served. ``param`` names the
+    (no ``messages`` list, an image given by URL to Ollama). A client-request error like the
+    others (``invalid_request_error``, 400): it is the client's request, not the upstream,
+    that cannot be served, so it never counts as an upstream failure. ``param`` names the
     offending field when there is one."""
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__("invalid_request_error", message, status=400)
-        self.param = param
+        super().__init__("invalid_request_error", message, status=400, param=param)
 
 
 class Backend(Protocol):

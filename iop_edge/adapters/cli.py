@@ -43,7 +43,7 @@ import asyncio
 import codecs
 import contextlib
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
@@ -61,8 +61,6 @@ from iop_edge.adapters.openai_format import (
 from iop_edge.errors import AdapterError
 
 __all__ = ["CliExecutor", "OutputDecoder", "render_prompt"]
-
-_ENDPOINTS: Final = frozenset({"chat/completions"})
 
 
 def render_prompt(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -192,11 +190,6 @@ class CliExecutor:
         self._env = dict(env)
         self._format = output_format
         self._timeout_ms = timeout_ms
-
-    @property
-    def endpoints(self) -> frozenset[str]:
-        """``chat/completions`` only: a CLI answers a conversation."""
-        return _ENDPOINTS
 
     def _timeout(self) -> AdapterError:
         return AdapterError(

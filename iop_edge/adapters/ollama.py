@@ -67,7 +67,6 @@ from iop_edge.adapters.upstream_http import (
 
 __all__ = ["OllamaExecutor", "ollama_request"]
 
-_ENDPOINTS: Final = frozenset({"chat/completions"})
 _PASSED_OPTIONS: Final = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
 
 
@@ -158,11 +157,6 @@ class OllamaExecutor:
         self._backend = backend
         self._target = target
         self._context_size = context_size
-
-    @property
-    def endpoints(self) -> frozenset[str]:
-        """``chat/completions`` only: Ollama's native API has no legacy completions."""
-        return _ENDPOINTS
 
     def _prepare(self, call: UpstreamCall) -> tuple[str, bytes]:
         request = ollama_request(call, self._context_size, self._target.label)

@@ -56,7 +56,6 @@ from iop_edge.errors import AdapterError
 
 __all__ = ["OpenAICompatExecutor"]
 
-_ENDPOINTS: Final = frozenset({"chat/completions", "completions"})
 _USAGE_NULL: Final = b',"usage":null'
 
 
@@ -70,11 +69,6 @@ class OpenAICompatExecutor:
         if endpoint is not None and endpoint.startswith(("http://", "https://")):
             self._chat_url = endpoint.rstrip("/")
         self._chat_path = endpoint or "chat/completions"
-
-    @property
-    def endpoints(self) -> frozenset[str]:
-        """Both OpenAI generation endpoints."""
-        return _ENDPOINTS
 
     def _url(self, endpoint: Endpoint) -> str:
         if endpoint == "completions":

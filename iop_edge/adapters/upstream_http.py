@@ -35,6 +35,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from iop_edge.adapters.base import UpstreamReply, UpstreamStream, Usage
+from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError
 
 __all__ = [
@@ -44,7 +45,6 @@ __all__ = [
     "HttpTarget",
     "LineReader",
     "ResponseTooLarge",
-    "error_envelope",
     "not_an_answer",
     "read_capped",
     "redact_url",
@@ -280,13 +280,6 @@ class LineReader:
             buffer += chunk
 
 
-def error_envelope(status: int, message: str, code: str | None = None) -> bytes:
-    """An OpenAI error body for ``status``."""
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return orjson.dumps(body)
-
-
 async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamReply:
     """The upstream's error status (400–599) as an :class:`UpstreamReply` in the OpenAI
     envelope, with a ``detail`` for the log.
@@ -307,13 +300,13 @@ async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamR
         return UpstreamReply(status, raw, Usage(), detail)
     if isinstance(error, str) and error:
         detail = f"the upstream answered {status} {reason}: {_excerpt(error)}"
-        return UpstreamReply(status, error_envelope(status, error), Usage(), detail)
+        return UpstreamReply(status, envelope(error, None, status=status), Usage(), detail)
     text = _excerpt(raw.decode("utf-8", errors="replace"))
-    body = error_envelope(
-        status,
+    body = envelope(
         f"The upstream of {label} answered HTTP {status} with a body that is not an OpenAI "
         "error; the edge's log has it under this request's x-request-id.",
-        code="upstream_error",
+        "upstream_error",
+        status=status,
     )
     detail = f"the upstream answered {status} {reason}: {text or '(empty body)'}"
     return UpstreamReply(status, body, Usage(), detail)

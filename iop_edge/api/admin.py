@@ -23,9 +23,10 @@ from aiohttp.typedefs import Handler
 
 from iop_edge.admission import AdmissionScheduler
 from iop_edge.api.auth import AdminTokenCheck
-from iop_edge.api.errors import describe, envelope
+from iop_edge.api.errors import describe
 from iop_edge.api.guard import RequestGuard, install_log_scrubber, require_json_body
 from iop_edge.config.schema import ConsoleSection
+from iop_edge.envelope import envelope
 from iop_edge.errors import IopEdgeError
 from iop_edge.supervisor import Supervisor
 

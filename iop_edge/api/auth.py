@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from iop_edge.config.schema import ConsoleSection, OpenAISection
-from iop_edge.errors import AuthError
+from iop_edge.errors import AuthCode, AuthError
 
 _BEARER: Final = "bearer "
 #: What ``strip`` may remove around a credential: HTTP's own whitespace, nothing wider (a
@@ -45,7 +45,7 @@ def printable_ascii(value: str) -> bool:
     return value.isascii() and value.isprintable()
 
 
-def bearer_digest(authorization: str | None, code: str, missing: str) -> bytes:
+def bearer_digest(authorization: str | None, code: AuthCode, missing: str) -> bytes:
     """The SHA-256 of the token in ``Authorization: Bearer <token>``.
 
     Raises :class:`AuthError` with ``code``: ``missing`` when there is no bearer token, a fixed

@@ -1,4 +1,5 @@
-"""The OpenAI error envelope, and the status and code of every error the surface returns.
+"""The status and code of every error the surface returns (the envelope is built by
+:func:`iop_edge.envelope.envelope`, re-exported here).
 
 | situation                                   | status | code                     |
 | ------------------------------------------- | ------ | ------------------------ |
@@ -23,35 +24,27 @@ from __future__ import annotations
 
 from typing import Final
 
-import orjson
-
-from iop_edge.errors import AdapterError, AdmissionError, AuthError, IopEdgeError, RequestError
+from iop_edge.errors import (
+    AdapterError,
+    AdmissionError,
+    AdmissionReason,
+    AuthError,
+    IopEdgeError,
+    RequestError,
+)
 
 #: Seconds a client should wait before retrying a ``queue_full`` rejection.
 RETRY_AFTER_SECONDS: Final = 1
 
-_ADMISSION_STATUS: Final = {
+#: The status of each admission rejection (mypy checks the keys; a test checks every reason
+#: of :class:`iop_edge.pool.RejectReason` has one).
+ADMISSION_STATUS: Final[dict[AdmissionReason, int]] = {
     "queue_full": 429,
     "queue_timeout": 503,
     "no_available_provider": 503,
     "model_not_found": 404,
     "client_gone": 499,
 }
-_TYPES: Final = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-}
-
-
-def envelope(message: str, code: str, *, status: int, param: str | None = None) -> bytes:
-    """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = _TYPES.get(status, "server_error")
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 def describe(exc: IopEdgeError) -> tuple[int, str, str | None]:
@@ -61,9 +54,9 @@ def describe(exc: IopEdgeError) -> tuple[int, str, str | None]:
     if isinstance(exc, AuthError):
         return 401, exc.code, None
     if isinstance(exc, AdmissionError):
-        return _ADMISSION_STATUS.get(exc.reason, 503), exc.reason, None
+        return ADMISSION_STATUS[exc.reason], exc.reason, None
     if isinstance(exc, AdapterError):
-        return exc.status, exc.code, getattr(exc, "param", None)
+        return exc.status, exc.code, None
     return 500, "internal_error", None
 
 

@@ -45,7 +45,7 @@ from typing import Final
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from iop_edge.api.errors import envelope
+from iop_edge.envelope import envelope
 from iop_edge.errors import RequestError
 
 __all__ = [

@@ -34,7 +34,7 @@ from iop_edge.admission import AdmissionScheduler
 from iop_edge.api.auth import Authenticator, ProviderAuthForwarder
 from iop_edge.api.bodies import Endpoint, parse_body, prepare
 from iop_edge.api.catalog import Catalog, build_catalog
-from iop_edge.api.errors import client_message, describe, envelope, error_headers
+from iop_edge.api.errors import client_message, describe, error_headers
 from iop_edge.api.guard import (
     Cors,
     RequestGuard,
@@ -46,6 +46,7 @@ from iop_edge.api.record import RequestObserver, RequestRecord
 from iop_edge.config.policy import completions_group
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
+from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError, IopEdgeError, RequestError
 from iop_edge.listeners import ConnectionGuard
 from iop_edge.logs import request_logger

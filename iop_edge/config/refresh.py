@@ -107,11 +107,6 @@ class RefreshResult(BaseModel):
         """The JSON form (``class`` spelled as in the SPEC)."""
         return self.model_dump(mode="json", by_alias=True)
 
-    @property
-    def exit_code(self) -> int:
-        """0 applied (or nothing changed), 1 rejected, 3 restart required."""
-        return {"applied": 0, "rejected": 1, "restart_required": 3}[self.result]
-
 
 @dataclass(frozen=True, slots=True)
 class RefreshOutcome:

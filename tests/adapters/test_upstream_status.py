@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 
 from iop_edge.adapters import AdapterSet, UpstreamReply
@@ -101,8 +102,20 @@ async def test_a_200_answer_still_passes(sets: SetFactory, kind: str) -> None:
     assert reply.status == 200
 
 
+ENVELOPE_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    418: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    599: "server_error",
+}
+"""The ``type`` a wrapped upstream error gets: the same table as the edge's own errors (before
+issue 11 a wrapped 401 or 429 said ``invalid_request_error``)."""
+
+
 @pytest.mark.parametrize("kind", ["openai_compat", "ollama"])
-@pytest.mark.parametrize("status", [400, 429, 500, 599])
+@pytest.mark.parametrize("status", sorted(ENVELOPE_TYPES))
 async def test_an_error_status_is_relayed_with_its_status_and_the_page_kept_for_the_log(
     sets: SetFactory, kind: str, status: int
 ) -> None:
@@ -120,6 +133,8 @@ async def test_an_error_status_is_relayed_with_its_status_and_the_page_kept_for_
         assert got.status == status
         assert b"10.1.2.3" not in got.body
         assert b"html" not in got.body
+        error = orjson.loads(got.body)["error"]
+        assert (error["type"], error["code"]) == (ENVELOPE_TYPES[status], "upstream_error")
         assert got.detail == (
             f"the upstream answered {status} Whatever: <html><body><h1>Upstream says no</h1>"
             "<p>internal host 10.1.2.3</p></body></html>"
