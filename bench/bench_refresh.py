@@ -13,13 +13,14 @@ import copy
 import random
 import statistics
 import time
+from typing import Any
 
 from iop_edge.config import parse_config
 from iop_edge.config.refresh import refresh
 from iop_edge.testing.configs import generate_config
 
 
-def candidate_doc(doc: dict, changes: int = 100, seed: int = 1) -> dict:
+def candidate_doc(doc: dict[str, Any], changes: int = 100, seed: int = 1) -> dict[str, Any]:
     """A copy of ``doc`` with ``changes`` distinct values changed."""
     rng = random.Random(seed)
     doc = copy.deepcopy(doc)

@@ -24,7 +24,7 @@ def valid_docs(draw: st.DrawFn, max_nodes: int = 3, max_models: int = 4) -> dict
     nodes: list[dict[str, Any]] = []
     providers: list[dict[str, Any]] = []
     for n in range(n_nodes):
-        adapters = [
+        adapters: list[dict[str, Any]] = [
             {
                 "name": "oa-main",
                 "type": "openai_compat",
@@ -47,7 +47,7 @@ def valid_docs(draw: st.DrawFn, max_nodes: int = 3, max_models: int = 4) -> dict
                     "base_url": "http://127.0.0.1:9/v1",
                 }
             )
-        node_providers = []
+        node_providers: list[dict[str, Any]] = []
         for p in range(draw(st.integers(1, 4))):
             kind = draw(st.sampled_from(PROVIDER_TYPES))
             runtime = RUNTIME.get(kind, kind)
@@ -93,7 +93,7 @@ def valid_docs(draw: st.DrawFn, max_nodes: int = 3, max_models: int = 4) -> dict
             node_doc["runtime"] = {"max_concurrency": draw(st.integers(1, 64))}
         nodes.append(node_doc)
 
-    models = []
+    models: list[dict[str, Any]] = []
     for m in range(draw(st.integers(1, max_models))):
         window = draw(st.sampled_from([4096, 8192, 131072]))
         chosen = draw(
@@ -102,12 +102,12 @@ def valid_docs(draw: st.DrawFn, max_nodes: int = 3, max_models: int = 4) -> dict
             )
         )
         refs: list[Any] = []
-        for p in chosen:
+        for provider in chosen:
             if draw(st.booleans()):
-                p["models"].append(f"m{m}")  # resolved by the group id
-                refs.append(p["id"])
+                provider["models"].append(f"m{m}")  # resolved by the group id
+                refs.append(provider["id"])
             else:
-                refs.append({"id": p["id"], "target": f"target-{m}"})
+                refs.append({"id": provider["id"], "target": f"target-{m}"})
         model: dict[str, Any] = {"id": f"m{m}", "context_window_tokens": window, "providers": refs}
         if draw(st.booleans()):
             model["display_name"] = f"Model {m}"
@@ -120,10 +120,10 @@ def valid_docs(draw: st.DrawFn, max_nodes: int = 3, max_models: int = 4) -> dict
         models.append(model)
 
     # total_context_tokens must cover every referencing model's window × long slots
-    for p in providers:
+    for provider in providers:
         if draw(st.integers(0, 3)) == 0:
-            long = p.get("long_context_capacity", p["capacity"])
-            p["total_context_tokens"] = max(131072 * long, 1) + draw(st.integers(0, 1000))
+            long = provider.get("long_context_capacity", provider["capacity"])
+            provider["total_context_tokens"] = max(131072 * long, 1) + draw(st.integers(0, 1000))
 
     doc: dict[str, Any] = {"models": models, "nodes": nodes}
     if use_pool:
@@ -155,6 +155,9 @@ def valid_docs(draw: st.DrawFn, max_nodes: int = 3, max_models: int = 4) -> dict
     return doc
 
 
+# A place inside a document: the mapping keys and list indices that lead to it.
+Location = tuple[str | int, ...]
+
 scalars = st.one_of(
     st.none(),
     st.booleans(),
@@ -171,7 +174,7 @@ yaml_values = st.recursive(
 )
 
 
-def _locations(value: Any, loc: tuple = ()) -> list[tuple]:
+def _locations(value: Any, loc: Location = ()) -> list[Location]:
     """Every location inside a document (mapping keys and list indices)."""
     found = [loc]
     if isinstance(value, dict):
@@ -205,7 +208,7 @@ def mutate(draw: st.DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
             parent[last] = draw(yaml_values)
         elif action == "unknown_key" and isinstance(parent[last], dict):
             parent[last][draw(st.text(min_size=1, max_size=6))] = draw(scalars)
-        elif action == "duplicate" and isinstance(parent, list):
+        elif action == "duplicate" and isinstance(parent, list) and isinstance(last, int):
             parent.append(copy.deepcopy(parent[last]))
     return doc
 

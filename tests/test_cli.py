@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -146,7 +148,8 @@ def test_token_new_rejects_a_bad_token_ref():
     assert "is not a valid identifier" in result.stderr
 
 
-def refresh_files(tmp_path, edit):
+def refresh_files(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> tuple[str, str]:
+    """The shipped config as running.yaml and an ``edit`` of it as candidate.yaml."""
     doc = yaml.safe_load(Path(SHIPPED).read_text())
     running = tmp_path / "running.yaml"
     running.write_text(yaml.safe_dump(doc))
@@ -157,13 +160,13 @@ def refresh_files(tmp_path, edit):
 
 
 def test_offline_refresh_exit_codes_and_json(tmp_path):
-    def live(doc):
+    def live(doc: dict[str, Any]) -> None:
         doc["nodes"][0]["providers"][0]["capacity"] = 2
 
-    def restart(doc):
+    def restart(doc: dict[str, Any]) -> None:
         doc["logging"]["level"] = "debug"
 
-    def invalid(doc):
+    def invalid(doc: dict[str, Any]) -> None:
         doc["nodes"][0]["providers"][0]["priority"] = -1
 
     for edit, code, outcome in (

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -88,9 +89,9 @@ def test_without_notify_socket_notifications_do_nothing():
 
 
 @contextlib.contextmanager
-def daemon_process(config: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]]:
-    """Run `iop-edge serve` as systemd would; yield it and its listening addresses; kill it
-    if the test left it running."""
+def daemon_process(config: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
+    """Run `iop-edge serve` as systemd would; yield it and its ``listening`` event (the
+    listeners' URLs by name); kill it if the test left it running."""
     process = subprocess.Popen(
         [IOP_EDGE, "serve", "--config", str(config), "--drain-timeout", "20"],
         stderr=subprocess.PIPE,
@@ -106,11 +107,11 @@ def daemon_process(config: Path) -> Iterator[tuple[subprocess.Popen[str], dict[s
         process.stderr.close()
 
 
-def wait_for_line(process: subprocess.Popen[str], event_name: str) -> dict[str, object]:
-    """Read the daemon's log until the event ``event_name``."""
+def wait_for_line(process: subprocess.Popen[str], event_name: str) -> dict[str, Any]:
+    """Read the daemon's log until the event ``event_name``; return it (a JSON object)."""
     assert process.stderr is not None
     for line in process.stderr:
-        event = json.loads(line)
+        event: dict[str, Any] = json.loads(line)
         if event["event"] == event_name:
             return event
     raise AssertionError(f"the daemon exited without logging {event_name!r}")

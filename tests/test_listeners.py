@@ -637,10 +637,13 @@ async def healthz(host: str, port: int) -> int | None:
     return None
 
 
-async def serve_out_of_descriptors(config: Path) -> list[dict[str, Any]]:
+async def serve_out_of_descriptors(
+    config: Path, until: str = "fd_limit_near"
+) -> list[dict[str, Any]]:
     """Run ``iop-edge serve`` (uvloop, as operators do) with a soft/hard open-file limit of
     64/96, open 100 idle connections to it — more than its descriptors — then close them and
-    check that it answers again; SIGTERM it (exit 0). Its whole log, parsed."""
+    check that it answers again; SIGTERM it (exit 0). The connections stay open until the log
+    has ``until``. Its whole log, parsed."""
     config.write_text(json.dumps(edge_doc()))
     iop_edge = str(Path(sys.executable).with_name("iop-edge"))
     process = await asyncio.create_subprocess_exec(
@@ -667,7 +670,7 @@ async def serve_out_of_descriptors(config: Path) -> list[dict[str, Any]]:
         host, _, port = seen("listening")[0]["openai"].removeprefix("http://").rpartition(":")
         for _ in range(100):  # within the listen backlog: every connect succeeds
             writers.append((await asyncio.open_connection(host, int(port)))[1])
-        await wait_for(lambda: bool(seen("fd_limit_near")))
+        await wait_for(lambda: bool(seen(until)))
         for writer in writers:
             writer.close()
         # Until it has seen those close, it is still out of descriptors: a new connection is
@@ -710,5 +713,6 @@ async def test_serve_logs_when_it_runs_out_of_descriptors(tmp_path):
     """Issue 10 item 4: running out of descriptors (new connections reset) is logged — also
     under uvloop, whose libuv closes the connections it cannot accept without a word: the
     listener probes for a free descriptor once one near the limit was accepted."""
-    lines = await serve_out_of_descriptors(tmp_path / "edge.yaml")
-    assert any(line.get("event") == "fd_limit_reached" for line in lines)
+    lines = await serve_out_of_descriptors(tmp_path / "edge.yaml", until="fd_limit_reached")
+    [reached] = [line for line in lines if line.get("event") == "fd_limit_reached"]
+    assert (reached["level"], reached["listener"]) == ("warning", "openai")

@@ -35,7 +35,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from iop_edge.adapters.base import Executor, UpstreamCall, UpstreamReply, UpstreamStream
 from iop_edge.adapters.cli_process import KILL_GRACE_SECONDS
+from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.cli import build_parser
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon, cancel_reserve
@@ -467,24 +469,27 @@ def test_sighup_while_the_daemon_stops_is_not_fatal(tmp_path):
 class BrokenExecutor:
     """A provider adapter with a bug: it fails with an error quoting the request body."""
 
-    async def complete(self, call: Any) -> Any:
+    async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """Raise (the message quotes the request, as careless error messages do)."""
         raise ValueError(f"cannot encode {call.body!r}")
 
-    async def open_stream(self, call: Any) -> Any:
+    async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
         """Raise, as :meth:`complete`."""
         raise ValueError(f"cannot encode {call.body!r}")
 
 
-class BrokenAdapters:
-    """Every provider and route of the edge served by :class:`BrokenExecutor` (what
-    :class:`~iop_edge.adapters.registry.NodeAdapters` answers)."""
+class BrokenAdapters(NodeAdapters):
+    """Every provider and route of the edge served by :class:`BrokenExecutor` (no node's
+    adapters are built, so there is nothing to close)."""
 
-    def provider(self, node_id: str, provider_id: str) -> BrokenExecutor:
+    def __init__(self) -> None:
+        super().__init__({})
+
+    def provider(self, node_id: str, provider_id: str) -> Executor:
         """The broken executor."""
         return BrokenExecutor()
 
-    def route(self, node_id: str, adapter: str) -> BrokenExecutor:
+    def route(self, node_id: str, adapter: str) -> Executor:
         """The broken executor."""
         return BrokenExecutor()
 
@@ -526,7 +531,7 @@ async def test_an_internal_error_in_a_request_logs_its_frames_never_the_request(
         ]
     }
     daemon = Daemon(parse_config(doc))
-    daemon.server.adapters = BrokenAdapters()  # type: ignore[assignment]
+    daemon.server.adapters = BrokenAdapters()
     async with (
         running(daemon),
         aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session,

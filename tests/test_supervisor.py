@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
-from iop_edge.supervisor import RefreshRecord, SupervisorOptions
+from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.api.conftest import wait_for
@@ -82,7 +82,7 @@ class Edge:
         daemon.supervisor._listeners.append(self.records.put_nowait)
 
     @property
-    def supervisor(self):
+    def supervisor(self) -> Supervisor:
         assert self.daemon.supervisor is not None
         return self.daemon.supervisor
 
@@ -208,7 +208,9 @@ async def test_valid_then_invalid_then_valid_keeps_serving_and_reports_each_step
             reply = await client.chat.completions.create(
                 model="echo", messages=[{"role": "user", "content": "ping"}]
             )
-            return reply.choices[0].message.content.strip()
+            content = reply.choices[0].message.content
+            assert content is not None
+            return content.strip()
 
         rename_save(edge.path, dump(doc_for(capacity=3)))
         assert (await edge.next_record()).result.result == "applied"
@@ -417,9 +419,11 @@ async def test_metrics_parse_and_have_every_metric_of_the_spec(tmp_path):
         for family in families.values()
         for s in family.samples
     }
-    requests = lambda model, code: samples[  # noqa: E731
-        ("iop_edge_requests_total", (("code", code), ("model", model), ("token_ref", "anonymous")))
-    ]
+
+    def requests(model: str, code: str) -> float:
+        labels = (("code", code), ("model", model), ("token_ref", "anonymous"))
+        return samples[("iop_edge_requests_total", labels)]
+
     assert requests("chat", "ok") == 2
     assert requests("(unknown)", "model_not_found") == 1  # an unknown id is never a label
     assert requests("chat", "upstream_error") == 1

@@ -15,7 +15,7 @@ from multidict import CIMultiDictProxy
 from iop_edge.adapters import AdapterSet, Executor, UpstreamCall, UpstreamReply, UpstreamStream
 from iop_edge.adapters.upstream_http import MAX_FRAME_BYTES
 from iop_edge.errors import AdapterError
-from iop_edge.testing.fake_behavior import FakeBehavior
+from iop_edge.testing.fake_behavior import FakeBehavior, Fault
 from iop_edge.testing.fake_openai import FakeOpenAI
 
 from .conftest import (
@@ -279,9 +279,9 @@ async def test_malformed_non_streaming_body_is_an_upstream_error(
     ],
 )
 async def test_a_broken_stream_raises_from_the_frames_after_what_was_relayed(
-    executor: Executor, fake: FakeOpenAI, fault: str, reason: str
+    executor: Executor, fake: FakeOpenAI, fault: Fault, reason: str
 ) -> None:
-    fake.enqueue(FakeBehavior(fault=fault, fault_after=2))  # type: ignore[arg-type]
+    fake.enqueue(FakeBehavior(fault=fault, fault_after=2))
     stream = await executor.open_stream(chat("one two three", stream=True))
     assert isinstance(stream, UpstreamStream)
     received, error = await frames_until_error(stream)

@@ -164,8 +164,10 @@ async def test_the_cli_sends_the_admin_token_from_the_environment_or_a_file(tmp_
     async with admin_edge(tmp_path, guarded_doc) as daemon:
         url = daemon.console_url
 
-        def run(*args: str, env: dict[str, str] | None = None):
-            return asyncio.to_thread(cli, *args, env=env)
+        async def run(
+            *args: str, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+            return await asyncio.to_thread(cli, *args, env=env)
 
         refused = await run("status", "--console", url)
         assert refused.returncode == 1

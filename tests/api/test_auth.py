@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import pytest
 
@@ -11,11 +12,13 @@ from iop_edge.config.schema import OpenAISection
 from iop_edge.errors import AuthError
 
 
-def section(**values) -> OpenAISection:
+def section(**values: Any) -> OpenAISection:
+    """An ``openai:`` section validated from keyword fields."""
     return OpenAISection.model_validate(values)
 
 
-def entry(ref: str, token: str, principal: str = "team-a") -> dict:
+def entry(ref: str, token: str, principal: str = "team-a") -> dict[str, str]:
+    """A principal_tokens entry for ``token`` (stored as its hash)."""
     return {
         "token_ref": ref,
         "principal_ref": principal,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from iop_edge.api.bodies import (
@@ -14,18 +16,28 @@ from iop_edge.api.catalog import ModelEntry
 from iop_edge.errors import RequestError
 
 
-def model(**policy) -> ModelEntry:
-    values = {
-        "default_max_tokens": None,
-        "min_max_tokens": None,
-        "default_thinking_token_budget": None,
-        "context_window_tokens": 1000,
-    }
-    values.update(policy)
-    return ModelEntry(id="m", display_name=None, targets={}, serves_completions=True, **values)
+def model(
+    *,
+    context_window_tokens: int = 1000,
+    default_max_tokens: int | None = None,
+    min_max_tokens: int | None = None,
+    default_thinking_token_budget: int | None = None,
+) -> ModelEntry:
+    """Model group "m" with the given generation policy (none by default)."""
+    return ModelEntry(
+        id="m",
+        display_name=None,
+        context_window_tokens=context_window_tokens,
+        default_max_tokens=default_max_tokens,
+        min_max_tokens=min_max_tokens,
+        default_thinking_token_budget=default_thinking_token_budget,
+        targets={},
+        serves_completions=True,
+    )
 
 
-def chat(*contents: str, **extra) -> dict:
+def chat(*contents: str, **extra: Any) -> dict[str, Any]:
+    """A chat body for model "m": one user message per content, plus ``extra`` fields."""
     return {"model": "m", "messages": [{"role": "user", "content": c} for c in contents], **extra}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 from iop_edge.api.catalog import build_catalog
@@ -9,7 +11,8 @@ from iop_edge.config.policy import completions_group, pool_policy
 from tests.config.helpers import base_doc, load, node
 
 
-def mixed_doc() -> dict:
+def mixed_doc() -> dict[str, Any]:
+    """base_doc() with a disabled ollama provider, a CLI model and a legacy route."""
     doc = base_doc()
     node(doc)["providers"] += [
         {
@@ -40,7 +43,9 @@ def test_catalog_resolves_targets_and_lists_models_and_routes():
     assert listing["object"] == "list"
     assert [m["id"] for m in listing["data"]] == ["chat", "echo", "legacy"]
     assert listing["data"][0]["display_name"] == "Chat"
-    assert orjson.loads(catalog.model_body("legacy"))["id"] == "legacy"
+    legacy = catalog.model_body("legacy")
+    assert legacy is not None
+    assert orjson.loads(legacy)["id"] == "legacy"
     assert catalog.model_body("nope") is None
 
 

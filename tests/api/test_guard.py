@@ -10,12 +10,16 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from iop_edge.api.guard import is_loopback_host
 from iop_edge.config import parse_config
+from iop_edge.testing.fake_ollama import FakeOllama
+from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.api.conftest import TOKEN, edge_doc, running_edge
 
-CHAT = {"model": "chat-oa", "messages": [{"role": "user", "content": "hello"}]}
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
+CHAT = {"model": "chat-oa", "messages": HELLO}
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -216,7 +220,8 @@ async def test_without_allowed_origins_there_is_no_cors_at_all(edge):
 # --- Host (DNS rebinding) ----------------------------------------------------------------------
 
 
-def open_doc(fake_oa, fake_ol, **openai_fields: Any) -> dict[str, Any]:
+def open_doc(fake_oa: FakeOpenAI, fake_ol: FakeOllama, **openai_fields: Any) -> dict[str, Any]:
+    """edge_doc() without principal tokens (an open edge), with extra ``openai`` fields."""
     doc = edge_doc(fake_oa, fake_ol)
     doc["openai"].pop("principal_tokens")
     doc["openai"].update(openai_fields)
@@ -264,7 +269,7 @@ async def test_the_sdk_passes_every_check(fake_oa, fake_ol):
         running_edge(doc) as daemon,
         openai.AsyncOpenAI(base_url=daemon.openai_url, api_key="x", max_retries=0) as client,
     ):
-        reply = await client.chat.completions.create(**CHAT)
+        reply = await client.chat.completions.create(model="chat-oa", messages=HELLO)
         assert reply.choices[0].message.content
         assert [m.id async for m in client.models.list()]
 

@@ -8,11 +8,13 @@ import json
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
+from iop_edge.adapters.base import UpstreamCall, UpstreamReply
 from iop_edge.testing.fake_behavior import FakeBehavior
 from tests.api.conftest import OTHER_TOKEN, TOKEN, edge_client, edge_doc, wait_for
 
-HELLO = [{"role": "user", "content": "hello through the edge"}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello through the edge"}]
 
 
 # --- each adapter, streaming and not ---------------------------------------------------------
@@ -55,7 +57,9 @@ async def test_the_sync_sdk_client_works_too(edge):
                 for c in sync.chat.completions.create(model="echo", messages=HELLO, stream=True)
                 if c.choices
             )
-            return reply.choices[0].message.content + "|" + streamed.strip()
+            content = reply.choices[0].message.content
+            assert content is not None
+            return content + "|" + streamed.strip()
 
     assert await asyncio.to_thread(call) == "hello through the edge|hello through the edge"
 
@@ -448,7 +452,7 @@ async def test_an_unexpected_failure_is_a_500_envelope_and_releases_the_slot(
 ):
     executor = edge.adapters.provider("n1", "up")
 
-    async def broken(call):
+    async def broken(call: UpstreamCall) -> UpstreamReply:
         raise RuntimeError("a bug in the edge")
 
     monkeypatch.setattr(executor, "complete", broken)

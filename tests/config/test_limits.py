@@ -16,12 +16,12 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 import pytest
 import yaml
 
-from iop_edge.config import ConfigError, load_config, parse_config
+from iop_edge.config import ConfigError, EdgeConfig, load_config, parse_config
 from iop_edge.config.limits import INT_MAX, INT_MIN, MAX_DEPTH, MAX_NODES
 from iop_edge.config.load import parse_yaml
 from iop_edge.config.redact import REDACTED
@@ -52,8 +52,12 @@ NODE_RULE = (
 )
 SECRETS = ("s3cret", "abc123", "sk-live-XYZ", "tok-abc-789")
 
+Args = TypeVarTuple("Args")
+R = TypeVar("R")
 
-def running():
+
+def running() -> EdgeConfig:
+    """MINIMAL_YAML loaded: the config a refresh is checked against."""
     return load_config(MINIMAL_YAML)
 
 
@@ -95,24 +99,25 @@ def refresh_errors(text: str) -> list[str]:
     return [f"{e.path}: {e.message}" if e.path else e.message for e in result.errors]
 
 
-def call_within(seconds: float, fn: Callable[..., Any], *args: Any) -> Any:
+def call_within(seconds: float, fn: Callable[[*Args], R], *args: *Args) -> R:
     """``fn(*args)`` in a daemon thread: a regression that blocks fails the test instead of
     hanging the run (a thread cannot be killed; the caller unblocks it if it can)."""
-    outcome: dict[str, Any] = {}
+    outcome: dict[str, R] = {}
+    failure: dict[str, BaseException] = {}
 
     def target() -> None:
         try:
             outcome["value"] = fn(*args)
         except BaseException as exc:  # re-raised in the test's thread
-            outcome["error"] = exc
+            failure["error"] = exc
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
         pytest.fail(f"{getattr(fn, '__name__', fn)} still running after {seconds} s")
-    if "error" in outcome:
-        raise outcome["error"]
+    if "error" in failure:
+        raise failure["error"]
     return outcome["value"]
 
 

@@ -67,7 +67,7 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
-def unblocking(path: Path):
+def unblocking(path: Path) -> Iterator[None]:
     """On the way out, open a FIFO at ``path`` for writing (if a reader waits), so a regressed
     reader blocked in open() gets EOF and its thread ends."""
     try:
@@ -147,7 +147,7 @@ HOSTILE: dict[str, tuple[Callable[[Path], object], Callable[[Path], str]]] = {
 
 
 @pytest.fixture(params=list(HOSTILE))
-def hostile(request, tmp_path) -> Iterator[tuple[Path, str]]:
+def hostile(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """A hostile config file and the one problem line it must be refused with."""
     make, line = HOSTILE[request.param]
     path = tmp_path / "edge.yaml"

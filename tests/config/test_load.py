@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from iop_edge.config import ConfigError, dump_config, load_config, parse_config
 from iop_edge.config.load import expand_env
+from iop_edge.errors import ConfigProblem
 from tests.config.helpers import base_doc, load, problem_at, provider
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,9 +25,12 @@ nodes:
 """
 
 
-def load_problems(text: str, **kwargs) -> list[str]:
+def load_problems(
+    text: str, *, env: Mapping[str, str] | None = None, source: str = "edge.yaml"
+) -> list[str]:
+    """The problems ``load_config`` rejects ``text`` with, as the user reads them."""
     with pytest.raises(ConfigError) as info:
-        load_config(text, **kwargs)
+        load_config(text, env=env, source=source)
     return [str(p) for p in info.value.problems]
 
 
@@ -87,7 +92,7 @@ def test_a_missing_environment_variable_is_an_error_naming_it_at_its_path():
 
 
 def test_env_expansion_reports_every_missing_variable():
-    found: list = []
+    found: list[ConfigProblem] = []
     expand_env({"a": "${ONE}", "b": ["${TWO}"]}, {}, found)
     assert [(p.path, p.message.split(";")[0]) for p in found] == [
         ("a", "environment variable ONE is not set"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from iop_edge.config import ConfigError
@@ -9,7 +11,8 @@ from iop_edge.config.payload import NodeConfigPayload, node_payload
 from tests.config.helpers import HASH_A, base_doc, load, node
 
 
-def two_node_doc() -> dict:
+def two_node_doc() -> dict[str, Any]:
+    """base_doc() with a principal token and a second node."""
     doc = base_doc()
     doc["openai"] = {
         "principal_tokens": [

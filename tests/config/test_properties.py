@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import TypeVar
 
 import yaml
 from hypothesis import given, settings
@@ -12,8 +14,10 @@ from iop_edge.config import ConfigError, dump_config, load_config, parse_config
 from iop_edge.errors import ConfigProblem
 from tests.strategies import mutated_docs, valid_docs, yaml_values
 
+T = TypeVar("T")
 
-def rejection(load, arg) -> list[ConfigProblem] | None:
+
+def rejection(load: Callable[[T], object], arg: T) -> list[ConfigProblem] | None:
     """The problems ``load(arg)`` is rejected with, or None when it loads; any other exception
     propagates and fails the test."""
     try:

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import yaml
 
 from iop_edge.config import load_config
-from iop_edge.config.refresh import RefreshResult, classify, config_hash, refresh
+from iop_edge.config.refresh import RefreshOutcome, RefreshResult, classify, config_hash, refresh
 from tests.config.helpers import HASH_A, HASH_B, base_doc, load, node, provider
 
+# An in-place edit of a config document.
+Edit = Callable[[dict[str, Any]], None]
 
-def running_doc() -> dict:
+
+def running_doc() -> dict[str, Any]:
     """A running config with a principal, a route, two providers and two models."""
     doc = base_doc()
     doc["openai"] = {
@@ -47,7 +52,7 @@ def running_doc() -> dict:
     return doc
 
 
-def run(edit, mode="apply"):
+def run(edit: Edit, mode: str = "apply") -> RefreshOutcome:
     """Refresh running_doc() against an edited copy of it."""
     before = running_doc()
     after = copy.deepcopy(before)
@@ -55,9 +60,11 @@ def run(edit, mode="apply"):
     return refresh(load(before), yaml.safe_dump(after), mode=mode)
 
 
-def set_path(*keys, value):
-    def edit(doc):
-        target = doc
+def set_path(*keys: str | int, value: Any) -> Edit:
+    """An edit that sets the value at ``keys`` (mapping keys and list indices)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        target: Any = doc
         for key in keys[:-1]:
             target = target[key]
         target[keys[-1]] = value
@@ -65,11 +72,13 @@ def set_path(*keys, value):
     return edit
 
 
-def on_provider(pid, **changes):
+def on_provider(pid: str, **changes: Any) -> Edit:
+    """An edit that updates the fields of provider ``pid``."""
     return lambda doc: provider(doc, pid).update(changes)
 
 
-def on_model(mid, **changes):
+def on_model(mid: str, **changes: Any) -> Edit:
+    """An edit that updates the fields of model ``mid``."""
     return lambda doc: next(m for m in doc["models"] if m["id"] == mid).update(changes)
 
 
@@ -216,7 +225,7 @@ LIVE = [
 def test_live_paths_apply_without_restart(edit, path, nodes, providers, models):
     outcome = run(edit)
     result = outcome.result
-    assert (result.result, result.exit_code, result.errors) == ("applied", 0, [])
+    assert (result.result, result.errors) == ("applied", [])
     assert [(e.path, e.change_class, e.applied) for e in result.report] == [(path, "live", True)]
     assert (result.changed_nodes, result.changed_providers, result.changed_models) == (
         nodes,
@@ -224,6 +233,7 @@ def test_live_paths_apply_without_restart(edit, path, nodes, providers, models):
         models,
     )
     # the running config is now the candidate: nothing is left to apply
+    assert outcome.candidate is not None
     assert classify(outcome.running, outcome.candidate).entries == []
     assert result.config_hash == config_hash(outcome.running) == result.candidate_hash
 
@@ -375,7 +385,7 @@ RESTART += [
 def test_restart_paths_are_reported_and_left_unapplied(edit, path, nodes, providers):
     outcome = run(edit)
     result = outcome.result
-    assert (result.result, result.exit_code, result.errors) == ("restart_required", 3, [])
+    assert (result.result, result.errors) == ("restart_required", [])
     assert [(e.path, e.change_class, e.applied) for e in result.report] == [
         (path, "restart", False)
     ]
@@ -389,7 +399,7 @@ def test_restart_paths_are_reported_and_left_unapplied(edit, path, nodes, provid
 
 
 def test_adding_or_removing_a_whole_entity_is_one_entry():
-    def edit(doc):
+    def edit(doc: dict[str, Any]) -> None:
         doc["nodes"].append(
             {
                 "id": "gpu-2",
@@ -413,7 +423,7 @@ def test_adding_or_removing_a_whole_entity_is_one_entry():
 
 
 def test_mixed_live_and_restart_applies_the_live_part_only():
-    def edit(doc):
+    def edit(doc: dict[str, Any]) -> None:
         provider(doc)["capacity"] = 6
         doc["logging"] = {"level": "debug"}
 
@@ -426,6 +436,7 @@ def test_mixed_live_and_restart_applies_the_live_part_only():
     assert outcome.running.nodes[0].providers[0].capacity == 6
     assert outcome.running.logging.level == "info"
     # the next refresh diffs against what runs: only the restart entry is left
+    assert outcome.candidate is not None
     again = refresh(outcome.running, outcome.candidate, mode="apply").result
     assert [e.path for e in again.report] == ["logging.level"]
 
@@ -446,7 +457,7 @@ def test_reverting_returns_to_the_original_config():
 
 
 def test_a_live_change_that_depends_on_a_restart_change_is_not_applied():
-    def edit(doc):
+    def edit(doc: dict[str, Any]) -> None:
         node(doc)["providers"].append(
             {"id": "extra", "type": "cli", "category": "cli", "adapter": "shell", "models": ["x"]}
         )
@@ -478,7 +489,7 @@ def test_dry_run_applies_nothing():
 
 def test_an_unknown_mode_is_rejected():
     result = run(on_provider("vllm-a", capacity=8), mode="yolo").result
-    assert (result.result, result.exit_code, result.report) == ("rejected", 1, [])
+    assert (result.result, result.report) == ("rejected", [])
     assert [(e.path, e.message) for e in result.errors] == [
         ("mode", "'yolo' is not a refresh mode; use dry_run or apply")
     ]
@@ -534,7 +545,8 @@ def test_the_content_hash_ignores_key_order_formatting_and_entity_order():
     assert config_hash(load(doc)) == config_hash(load(reordered))
 
 
-def on_provider_copy(doc, **changes):
+def on_provider_copy(doc: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A copy of ``doc`` with the first provider's fields updated."""
     doc = copy.deepcopy(doc)
     provider(doc).update(changes)
     return doc
@@ -574,7 +586,10 @@ def test_secret_header_values_are_redacted_in_the_report():
     assert "sk-1" not in json.dumps(result.result.to_json())
 
 
-def legacy_running(max_queue, timeout, pool=None):
+def legacy_running(
+    max_queue: int, timeout: int, pool: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A running document with the legacy per-provider queue fields and no provider_pool."""
     doc = base_doc()
     del doc["provider_pool"]
     provider(doc).update({"max_queue": max_queue, "queue_timeout_ms": timeout})
@@ -598,7 +613,7 @@ def test_without_provider_pool_the_promoted_legacy_policy_is_compared():
 
 
 def test_report_and_changed_lists_are_sorted_and_always_present():
-    def edit(doc):
+    def edit(doc: dict[str, Any]) -> None:
         provider(doc, "ollama-b")["priority"] = 1
         provider(doc, "vllm-a")["priority"] = 1
         doc["models"][1]["display_name"] = "Q"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from iop_edge.config.payload import node_payload
@@ -19,7 +21,10 @@ from tests.config.helpers import (
 # --- principals and auth --------------------------------------------------------------------
 
 
-def token(ref: str, digest: str, principal: str = "team-a", alias: str | None = None) -> dict:
+def token(
+    ref: str, digest: str, principal: str = "team-a", alias: str | None = None
+) -> dict[str, str]:
+    """A principal_tokens entry."""
     entry = {"token_ref": ref, "token_hash_sha256": digest, "principal_ref": principal}
     if alias is not None:
         entry["principal_alias"] = alias
@@ -487,13 +492,13 @@ def test_negative_queue_values_are_rejected():
     )
 
 
-def legacy_doc(*pairs: tuple[int | None, int | None]) -> dict:
+def legacy_doc(*pairs: tuple[int | None, int | None]) -> dict[str, Any]:
     """A document without provider_pool whose providers carry legacy queue values."""
     doc = base_doc()
     del doc["provider_pool"]
-    providers = []
+    providers: list[dict[str, Any]] = []
     for i, (max_queue, timeout) in enumerate(pairs):
-        entry = {
+        entry: dict[str, Any] = {
             "id": f"p{i}",
             "type": "cli",
             "category": "cli",

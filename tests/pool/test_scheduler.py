@@ -692,6 +692,8 @@ def test_statistics_is_a_frozen_snapshot() -> None:
     lease_of(scheduler)
     assert before.admitted == 0
     assert before.providers[0].in_flight == 0
+    # The types forbid both writes already (frozen dataclass, read-only Mapping): the ignores
+    # let the test check that the runtime refuses them too.
     with pytest.raises(dataclasses.FrozenInstanceError):
         before.admitted = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -735,6 +737,7 @@ def test_pool_policy_groups_cannot_be_changed_after_construction() -> None:
     groups["other"] = ()
     assert list(policy.groups) == ["m"]
     with pytest.raises(TypeError):
+        # a read-only Mapping in the types already: the test checks the runtime refuses it too
         policy.groups["x"] = ()  # type: ignore[index]
 
 

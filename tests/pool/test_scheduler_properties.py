@@ -125,6 +125,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     def provider(self, key: ProviderKey) -> ProviderPolicy | None:
         return next((p for p in self.policy.providers if p.key == key), None)
 
+    def grouped_provider(self, key: ProviderKey) -> ProviderPolicy:
+        """The policy of a provider a group lists (a PoolPolicy refuses unknown references)."""
+        found = self.provider(key)
+        assert found is not None
+        return found
+
     def free_for(self, key: ProviderKey, long_context: bool) -> bool:
         p = self.provider(key)
         return (
@@ -196,7 +202,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert group is None
         elif reason == "no_available_provider":
             assert group is not None
-            assert not any(self.provider(k).enabled for k in group)  # type: ignore[union-attr]
+            assert not any(self.grouped_provider(k).enabled for k in group)
         elif reason == "queue_full":
             assert step.kind == "submit"
             assert request is step.subject

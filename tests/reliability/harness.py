@@ -22,8 +22,13 @@ import json
 import os
 import random
 import re
+import signal
+import socket
+import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from openai.types.chat import ChatCompletionMessageParam
 
 from iop_edge.adapters.cli_process import CliTracker
 from iop_edge.config import ConfigError, load_config, parse_config
@@ -41,7 +47,7 @@ from iop_edge.config.policy import pool_policy
 from iop_edge.config.refresh import RefreshResult, config_hash
 from iop_edge.daemon import Daemon
 from iop_edge.pool import PoolPolicy, PoolStatistics
-from iop_edge.supervisor import RefreshRecord, SupervisorOptions
+from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
 from tests.strategies import mutate, mutated_docs
 
 FAKE_CLI = [sys.executable, "-m", "iop_edge.testing.fake_cli"]
@@ -177,7 +183,7 @@ class WatchedEdge:
         daemon.supervisor._listeners.append(self.records.append)
 
     @property
-    def supervisor(self) -> Any:
+    def supervisor(self) -> Supervisor:
         """The daemon's supervisor (always present: the daemon watches a file)."""
         assert self.daemon.supervisor is not None
         return self.daemon.supervisor
@@ -278,7 +284,7 @@ class SteadyLoad:
                 self.ok += 1
 
     async def _ask(self, model: str, prompt: str, stream: bool) -> str:
-        messages: Any = [{"role": "user", "content": prompt}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
         if not stream:
             reply = await self.client.chat.completions.create(model=model, messages=messages)
             return reply.choices[0].message.content or ""
@@ -743,7 +749,7 @@ class EdgeProcess:
     """``iop-edge serve`` running as a subprocess: every stderr line it wrote so far, and the
     addresses of its ``listening`` event (``openai``, ``console``, ``metrics``)."""
 
-    process: Any
+    process: subprocess.Popen[str]
     lines: list[str]
     addresses: dict[str, str]
 
@@ -755,14 +761,10 @@ class EdgeProcess:
 
 
 @contextlib.contextmanager
-def edge_process(config: Path) -> Any:
+def edge_process(config: Path) -> Iterator[EdgeProcess]:
     """Run ``iop-edge serve --config config`` as an operator would; yield an
     :class:`EdgeProcess` once it logs ``listening``. On exit it gets SIGTERM and must exit 0
     within :data:`BOUND`; afterwards :attr:`EdgeProcess.lines` holds its whole log (stderr)."""
-    import signal
-    import subprocess
-    import threading
-
     process = subprocess.Popen(
         [str(Path(sys.executable).with_name("iop-edge")), "serve", "--config", str(config)],
         stderr=subprocess.PIPE,
@@ -1004,11 +1006,9 @@ async def slowloris(
             await writer.wait_closed()
 
 
-def stalled_reader(host: str, port: int, request: bytes) -> Any:
+def stalled_reader(host: str, port: int, request: bytes) -> socket.socket:
     """A client that sends ``request`` and then never reads: a blocking socket with a small
     receive buffer (so the edge's writes have to wait soon). The caller closes it."""
-    import socket
-
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(BOUND)
@@ -1017,7 +1017,7 @@ def stalled_reader(host: str, port: int, request: bytes) -> Any:
     return sock
 
 
-def read_until_closed(sock: Any) -> tuple[bytes, str]:
+def read_until_closed(sock: socket.socket) -> tuple[bytes, str]:
     """Read a blocking socket until the peer closes it: the bytes, and ``"eof"`` or
     ``"reset"``; raises TimeoutError when it stays open past :data:`BOUND`."""
     received = b""
@@ -1147,10 +1147,7 @@ class ThreadedUpstream:
     the edge let go of its upstream). Use as a context manager.
     """
 
-    def __init__(self, respond: Callable[[Any], None]) -> None:
-        import socket
-        import threading
-
+    def __init__(self, respond: Callable[[socket.socket], None]) -> None:
         self._respond = respond
         self._server = socket.create_server(("127.0.0.1", 0), backlog=64)
         self.base_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
@@ -1158,14 +1155,14 @@ class ThreadedUpstream:
         self.streams_open = 0
         self.streams_ended = 0
         self._lock = threading.Lock()
-        self._connections: set[Any] = set()
+        self._connections: set[socket.socket] = set()
         self._acceptor = threading.Thread(target=self._accept, daemon=True)
 
     @classmethod
     def answering(cls, raw: bytes) -> ThreadedUpstream:
         """An upstream answering every request with ``raw``, verbatim."""
 
-        def respond(conn: Any) -> None:
+        def respond(conn: socket.socket) -> None:
             conn.sendall(raw)
 
         return cls(respond)
@@ -1175,7 +1172,7 @@ class ThreadedUpstream:
         """An upstream whose every answer is an event stream of ``frame``, forever."""
         upstream: ThreadedUpstream
 
-        def respond(conn: Any) -> None:
+        def respond(conn: socket.socket) -> None:
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
             with upstream._lock:
                 upstream.streams_open += 1
@@ -1195,8 +1192,6 @@ class ThreadedUpstream:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import socket
-
         with contextlib.suppress(OSError):
             self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
@@ -1209,8 +1204,6 @@ class ThreadedUpstream:
         self._acceptor.join(BOUND)
 
     def _accept(self) -> None:
-        import threading
-
         while True:
             try:
                 conn, _ = self._server.accept()
@@ -1220,7 +1213,7 @@ class ThreadedUpstream:
                 self._connections.add(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
-    def _serve(self, conn: Any) -> None:
+    def _serve(self, conn: socket.socket) -> None:
         buffered = b""
         try:
             while True:  # keep-alive: the edge may send its next request on this connection
@@ -1253,12 +1246,10 @@ class ThreadedUpstream:
 
 
 @contextlib.contextmanager
-def silent_upstream() -> Any:
+def silent_upstream() -> Iterator[str]:
     """An upstream that never answers: a listening socket nobody accepts from. The kernel
     completes the edge's connections (the backlog holds 64) and buffers its requests; the
     edge then waits for an answer that never comes. Yields its base URL."""
-    import socket
-
     server = socket.create_server(("127.0.0.1", 0), backlog=64)
     try:
         yield f"http://127.0.0.1:{server.getsockname()[1]}"
@@ -1270,8 +1261,6 @@ def split_save(path: Path, first: str, second: str, *, pause: float) -> None:
     """Save ``first + second`` in place the way a slow writer does: truncate, write and flush
     ``first``, wait ``pause`` seconds, write ``second``. The pause is the point of the attack
     (a watcher sees the file between the two writes), not a synchronisation."""
-    import time
-
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(first)
         handle.flush()

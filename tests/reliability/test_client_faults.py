@@ -28,7 +28,9 @@ JSON = {"Content-Type": "application/json"}
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)  # bounds a broken run, never a timing
 
 
-def client_doc(oa_url: str, ol_url: str, *, max_body_bytes: int = 8 * 1024 * 1024) -> dict:
+def client_doc(
+    oa_url: str, ol_url: str, *, max_body_bytes: int = 8 * 1024 * 1024
+) -> dict[str, Any]:
     """``chat-oa`` / ``chat-ol`` / ``chat-cli`` (the fake agent), one slot each."""
 
     def provider(pid: str, kind: str, adapter: str, **fields: Any) -> dict[str, Any]:

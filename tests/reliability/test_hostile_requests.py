@@ -157,7 +157,7 @@ def secret_lines(edge: EdgeProcess) -> list[str]:
     return [line for line in edge.lines if any(f in line for f in fragments)]
 
 
-async def test_malformed_credentials_are_refused_and_never_logged(tmp_path: Path):
+async def test_malformed_credentials_are_refused_and_never_logged(tmp_path: Path) -> None:
     """Issue 10 item 2: a credential with a byte that is not printable ASCII (a pasted
     non-breaking space sent as 0xA0, invalid UTF-8) is a 401 with the credential's own code,
     never a 500; bytes the HTTP parser refuses are its 400; and no line of the daemon's log —
@@ -211,7 +211,7 @@ BROWSER_CASES: list[tuple[str, str, str, list[tuple[bytes, bytes]], bytes, bytes
 ]  # fmt: skip
 
 
-async def test_what_a_web_page_can_send_runs_nothing(tmp_path: Path):
+async def test_what_a_web_page_can_send_runs_nothing(tmp_path: Path) -> None:
     """Issue 10 item 7: on the open loopback config a page could run the cli provider and
     read the answer (DNS rebinding), or apply a refresh (a cross-origin form). Each such
     request is refused with its JSON error — nothing is admitted, no refresh runs — while the
@@ -594,7 +594,7 @@ CONNECTION_ATTACKS: list[tuple[str, Callable[[Hostile], Awaitable[None]]]] = [
 @pytest.mark.parametrize("attack", [pytest.param(a, id=i) for i, a in CONNECTION_ATTACKS])
 async def test_a_hostile_connection_is_cut_and_the_edge_keeps_serving(
     hostile: Hostile, attack: Callable[[Hostile], Awaitable[None]]
-):
+) -> None:
     """Issue 10 items 3 and 4: idle, slow and flooding connections are bounded by the
     listener's timeouts and cap, a client that stops reading loses its exchange instead of
     holding a slot; the daemon stays unharmed (:func:`assert_unharmed`)."""
@@ -629,7 +629,7 @@ async def test_the_admin_api_refuses_what_a_web_page_sends(
     host: bytes,
     status: int,
     code: str,
-):
+) -> None:
     """Issue 10 item 7: a form post, a cross-origin request or a rebound Host name gets its
     JSON refusal from the live admin API, and no refresh runs (:func:`assert_unharmed`)."""
     request = raw_request(method, path, headers, body, host=host)
@@ -658,7 +658,7 @@ UPSTREAM_ATTACKS: list[tuple[str, str, bool]] = [
 )
 async def test_an_odd_upstream_answer_is_a_json_502_and_its_page_stays_in_the_log(
     hostile: Hostile, case_id: str, model: str, stream: bool
-):
+) -> None:
     """Issue 10 item 9: an upstream status outside 200 and 400–599 (a 101 used to hang the
     client, a 205 became a 200, a 600 was relayed) is a 502 ``upstream_error``; an upstream's
     HTML error page is named in the request's log line, never shown to the client."""
@@ -784,7 +784,7 @@ async def keep_asking(edge: EdgeProcess, model: str, refreshes: int) -> list[int
     return statuses
 
 
-async def test_config_file_attacks_are_refused_while_the_edge_serves(tmp_path: Path):
+async def test_config_file_attacks_are_refused_while_the_edge_serves(tmp_path: Path) -> None:
     """Issue 10 items 1, 5, 6 and 9: hostile files saved to the watched config — nesting past
     the parser, an integer past 64 bits, an alias bomb, 5 MB, a non-UTF-8 byte, a FIFO — are
     each rejected with a reason naming the rule, while a request sent during the read is
@@ -837,7 +837,7 @@ async def test_config_file_attacks_are_refused_while_the_edge_serves(tmp_path: P
     assert secret_lines(edge) == []
 
 
-async def test_config_validate_refuses_each_hostile_file_in_one_line(tmp_path: Path):
+async def test_config_validate_refuses_each_hostile_file_in_one_line(tmp_path: Path) -> None:
     """Issue 10 items 1, 6 and 9: ``iop-edge config validate`` on each file of
     :data:`CONFIG_ATTACKS` exits 1 with one line naming the rule — no traceback, no hang (a
     FIFO is not opened) — the same verdict as ``serve``."""
