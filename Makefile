@@ -19,8 +19,12 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/iop-edge serve --config $(CONFIG)
 
+# Coverage of the package (in-process code; see [tool.coverage.run]) is printed; below the
+# floor the run fails. Measured 88 % when the floor was set (issue 11).
+COVERAGE_FLOOR := 85
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check iop_edge tests bench

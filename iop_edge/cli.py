@@ -215,11 +215,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"iop-edge serve: the config {args.config} is not valid:", file=sys.stderr)
             _print_problems(exc, False)
             return EXIT_INVALID
-        from iop_edge.logs import configure_logging
+        from iop_edge.logs import configure_logging, get_logger
 
-        configure_logging(config.logging.level, config.logging.format)
+        logs = configure_logging(config.logging.level, config.logging.format)
         daemon = Daemon(
             config,
+            log=(log := get_logger()),
+            write_request_line=logs.request_line_writer(log),
             config_path=Path(args.config),
             drain_timeout=args.drain_timeout,
             freeze_gc=True,

@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -43,7 +42,7 @@ from iop_edge.listeners import (
     Listener,
     raise_fd_limit,
 )
-from iop_edge.logs import flush_logs, get_logger
+from iop_edge.logs import Logger, RequestLineWriter, flush_logs, get_logger
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.seams import Clock
 from iop_edge.supervisor import Supervisor, SupervisorOptions, status_line
@@ -66,7 +65,9 @@ class Daemon:
     config: EdgeConfig
     config_path: Path | None = None
     clock: Clock = field(default_factory=MonotonicClock)
-    log: Any = field(default_factory=get_logger)
+    log: Logger = field(default_factory=get_logger)
+    #: how request lines are written (``serve`` passes the fast JSON writer of its log setup)
+    write_request_line: RequestLineWriter | None = None
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     notifier: Notifier = field(default_factory=Notifier)
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
@@ -99,6 +100,7 @@ class Daemon:
             self.adapters,
             clock=self.clock,
             logger=self.log,
+            write_request_line=self.write_request_line,
             observers=[self.metrics.observe_request],
         )
         if self.config_path is not None:

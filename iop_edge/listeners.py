@@ -40,7 +40,7 @@ from typing import Any, Final, cast
 from aiohttp import web
 
 from iop_edge.envelope import envelope
-from iop_edge.logs import RateLimiter
+from iop_edge.logs import Logger, RateLimiter
 from iop_edge.seams import Clock
 
 __all__ = [
@@ -351,7 +351,7 @@ class Listener:
         limits: ConnectionLimits,
         *,
         clock: Clock,
-        log: Any,
+        log: Logger,
     ) -> None:
         self.name = name
         self.runner = runner
@@ -400,7 +400,7 @@ class Listener:
         limits: ConnectionLimits,
         *,
         clock: Clock,
-        log: Any,
+        log: Logger,
     ) -> Listener:
         """Serve ``app`` on ``address`` (``HOST:PORT``, ``[::1]:PORT``). Client disconnects
         cancel their handler; keep-alive idles end after ``limits.keepalive_timeout``."""

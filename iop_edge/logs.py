@@ -75,12 +75,58 @@ class LineWriter:
             self._stream.flush()
 
 
-def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:
+#: A structlog logger as :func:`get_logger` returns it.
+Logger = structlog.typing.FilteringBoundLogger
+#: Writes one request's log line from its fields (:meth:`LogSetup.request_line_writer`).
+RequestLineWriter = Callable[[dict[str, Any]], None]
+
+
+class LogSetup:
+    """What :func:`configure_logging` set up: hand :meth:`request_line_writer` to the request
+    path (the daemon injects it; nothing reads module state per request)."""
+
+    def __init__(self, writer: LineWriter, fast_json: bool) -> None:
+        self.writer = writer
+        self.fast_json = fast_json
+
+    def request_line_writer(self, log: Logger) -> RequestLineWriter:
+        """The writer of per-request log lines. With JSON logs at info level or below it
+        renders the line straight to the writer (the same fields structlog would write, without
+        its processor chain: that chain was a tenth of a request's CPU); otherwise it goes
+        through ``log``."""
+        if not self.fast_json:
+            return structured_request_line(log)
+        writer = self.writer
+
+        def write(fields: dict[str, Any]) -> None:
+            now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+            writer.msg(
+                _orjson_dumps(
+                    {
+                        "event": "request",
+                        "component": "iop_edge",
+                        **fields,
+                        "level": "info",
+                        "timestamp": now,
+                    }
+                )
+            )
+
+        return write
+
+
+def structured_request_line(log: Logger) -> RequestLineWriter:
+    """Request lines through ``log``'s processor chain (any format, any level)."""
+    return lambda fields: log.info("request", **fields)
+
+
+def configure_logging(
+    level: str = "info", fmt: str = "json", stream: TextIO | None = None
+) -> LogSetup:
     """Configure structlog for the process: JSON lines (or console) on ``stream`` (stderr), and
     route the stdlib ``logging`` records of libraries into it (:class:`StdlibBridge`)."""
-    global _writer, _fast_json
+    global _writer
     writer = _writer = LineWriter(stream or sys.stderr)
-    _fast_json = fmt == "json" and _LEVELS[level] <= logging.INFO
     renderers: list[structlog.typing.Processor]
     if fmt == "console":
         # The console renderer prints an event's exc_info as a traceback below the line.
@@ -107,36 +153,11 @@ def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | N
         cache_logger_on_first_use=True,
     )
     StdlibBridge.install(get_logger("library"), max(_LEVELS[level], logging.WARNING))
+    return LogSetup(writer, fast_json=fmt == "json" and _LEVELS[level] <= logging.INFO)
 
 
+#: The process's line writer (structlog's configuration is process-wide): for flush_logs only.
 _writer: LineWriter | None = None
-_fast_json = False
-
-
-def request_logger(log: Any) -> Callable[[dict[str, Any]], None]:
-    """The writer of per-request log lines. With JSON logs at info level or below it renders
-    the line straight to the writer (the same fields structlog would write, without its
-    processor chain: that chain was a tenth of a request's CPU); otherwise it goes through
-    ``log``."""
-    writer = _writer
-    if _fast_json and writer is not None:
-
-        def write(fields: dict[str, Any]) -> None:
-            now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-            writer.msg(
-                _orjson_dumps(
-                    {
-                        "event": "request",
-                        "component": "iop_edge",
-                        **fields,
-                        "level": "info",
-                        "timestamp": now,
-                    }
-                )
-            )
-
-        return write
-    return lambda fields: log.info("request", **fields)
 
 
 def flush_logs() -> None:
@@ -145,9 +166,10 @@ def flush_logs() -> None:
         _writer.flush()
 
 
-def get_logger(name: str = "iop_edge") -> Any:
+def get_logger(name: str = "iop_edge") -> Logger:
     """A structlog logger bound to the component ``name``."""
-    return structlog.get_logger(component=name)
+    logger: Logger = structlog.get_logger(component=name)
+    return logger
 
 
 class RateLimiter:

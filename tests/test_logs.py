@@ -5,15 +5,15 @@ from __future__ import annotations
 import io
 import json
 
-from iop_edge.logs import configure_logging, flush_logs, get_logger, request_logger
+from iop_edge.logs import configure_logging, flush_logs, get_logger
 
 
 def test_json_request_lines_carry_the_same_keys_as_other_events():
     stream = io.StringIO()
-    configure_logging("info", "json", stream)
+    setup = configure_logging("info", "json", stream)
     log = get_logger()
     log.info("listening", openai="http://127.0.0.1:1")
-    request_logger(log)({"request_id": "r1", "token_ref": "app", "status": 200})
+    setup.request_line_writer(log)({"request_id": "r1", "token_ref": "app", "status": 200})
     flush_logs()
     other, request = (json.loads(line) for line in stream.getvalue().splitlines())
     assert set(other) == {"event", "component", "openai", "level", "timestamp"}
@@ -31,12 +31,12 @@ def test_json_request_lines_carry_the_same_keys_as_other_events():
 
 def test_warning_level_drops_request_lines_and_console_format_renders_them():
     stream = io.StringIO()
-    configure_logging("warning", "json", stream)
-    request_logger(get_logger())({"request_id": "r1"})
+    setup = configure_logging("warning", "json", stream)
+    setup.request_line_writer(get_logger())({"request_id": "r1"})
     flush_logs()
     assert stream.getvalue() == ""
-    configure_logging("info", "console", stream)
-    request_logger(get_logger())({"request_id": "r2"})
+    setup = configure_logging("info", "console", stream)
+    setup.request_line_writer(get_logger())({"request_id": "r2"})
     flush_logs()
     assert "request" in stream.getvalue()
     assert "request_id=r2" in stream.getvalue()

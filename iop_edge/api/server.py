@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 
@@ -49,7 +49,7 @@ from iop_edge.config.validate import is_loopback
 from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError, IopEdgeError, RequestError
 from iop_edge.listeners import ConnectionGuard
-from iop_edge.logs import request_logger
+from iop_edge.logs import Logger, RequestLineWriter, structured_request_line
 from iop_edge.seams import Clock
 
 _REQUEST_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -70,7 +70,8 @@ class OpenAIServer:
         adapters: NodeAdapters,
         *,
         clock: Clock,
-        logger: Any,
+        logger: Logger,
+        write_request_line: RequestLineWriter | None = None,
         observers: Iterable[RequestObserver] = (),
     ) -> None:
         self.catalog: Catalog = build_catalog(config, created=int(time.time()))
@@ -78,7 +79,7 @@ class OpenAIServer:
         self.adapters = adapters
         self.clock = clock
         self.log = logger
-        self.write_request_line = request_logger(logger)
+        self.write_request_line = write_request_line or structured_request_line(logger)
         self.observers = list(observers)
         self.auth = Authenticator(config.openai)
         self.provider_auth = ProviderAuthForwarder(config.openai)
