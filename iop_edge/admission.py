@@ -163,6 +163,10 @@ class AdmissionScheduler:
         """When the one expiry timer is armed for (never later than the nearest deadline)."""
         return self._timer_at
 
+    def __repr__(self) -> str:
+        """The live counts of the scheduler core."""
+        return repr(self._core).replace(type(self._core).__name__, type(self).__name__, 1)
+
     def statistics(self) -> PoolStatistics:
         """A frozen snapshot of the queue, the providers' slots and the counters."""
         return self._core.statistics()

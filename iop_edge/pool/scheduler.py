@@ -228,6 +228,10 @@ class PoolScheduler:
             self._dispatch_all(now, decisions)
         return decisions
 
+    def __repr__(self) -> str:
+        """The live counts, for a debugger or a log line."""
+        return _live_counts(type(self).__name__, self.statistics())
+
     def statistics(self) -> PoolStatistics:
         """A frozen snapshot: queue depth, every provider's slots, and the counters."""
         providers = [provider_statistics(slot) for slot in self._slots.values()]
@@ -371,3 +375,11 @@ class PoolScheduler:
             )
             for request in self._deadlines.due(now)
         ]
+
+
+def _live_counts(name: str, stats: PoolStatistics) -> str:
+    return (
+        f"<{name} in_flight={stats.in_flight} queued={stats.queue_depth}/{stats.max_queue} "
+        f"providers={len(stats.providers)} submitted={stats.submitted} "
+        f"admitted={stats.admitted} rejected={stats.rejected_total}>"
+    )
