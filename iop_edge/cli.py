@@ -27,6 +27,7 @@ import yaml
 from iop_edge import __version__
 from iop_edge.api.auth import ADMIN_TOKEN_ENV
 from iop_edge.config import ConfigError, EdgeConfig, dump_config
+from iop_edge.config.address import ListenAddress
 from iop_edge.config.load import parse_yaml
 from iop_edge.config.payload import node_payload
 from iop_edge.config.redact import redact
@@ -244,10 +245,10 @@ def _console_url(args: argparse.Namespace) -> str:
             listen = console["listen"]
     except ConfigError:
         pass
-    host, _, port = listen.rpartition(":")
-    if host in ("0.0.0.0", "", "[::]"):
-        host = "127.0.0.1"
-    return f"http://{host}:{port}"
+    address = ListenAddress.parse(listen)
+    if address.is_wildcard:  # listening everywhere: loopback reaches it
+        address = ListenAddress("127.0.0.1", address.port)
+    return address.url()
 
 
 class AdminCallError(Exception):

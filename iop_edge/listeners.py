@@ -39,6 +39,7 @@ from typing import Any, Final, cast
 
 from aiohttp import web
 
+from iop_edge.config.address import ListenAddress
 from iop_edge.envelope import envelope
 from iop_edge.logs import Logger, RateLimiter
 from iop_edge.seams import Clock
@@ -415,7 +416,8 @@ class Listener:
         )
         await runner.setup()
         listener = cls(name, runner, limits, clock=clock, log=log)
-        host, port = split_address(address)
+        parsed = ListenAddress.parse(address)
+        host, port = parsed.host, parsed.port
         loop = asyncio.get_running_loop()
         try:
             listener._server = await loop.create_server(
@@ -544,12 +546,6 @@ class Listener:
         for guard in list(self.refusing):
             guard.abort()
         await self.runner.cleanup()
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) → ``(host, port)``."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def _refusal_response(name: str, cap: int) -> bytes:

@@ -27,6 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from iop_edge.config.address import ListenAddress
+
 # --- field validators -----------------------------------------------------------------------
 
 _REF_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -113,14 +115,11 @@ def _header_name(value: str) -> str:
 
 
 def _address(value: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(
-            f"{_show(value)} is not a listen address; {{field}} must be HOST:PORT with a port "
-            "from 0 to 65535 (IPv6 as [::1]:PORT)"
-        )
-    if ":" in host and not (host.startswith("[") and host.endswith("]")):
-        raise ValueError(f"{_show(value)}: an IPv6 host must be written in brackets, as [::1]:PORT")
+    try:
+        ListenAddress.parse(value)
+    except ValueError as exc:
+        separator = ":" if str(exc).startswith("an IPv6") else ""
+        raise ValueError(f"{_show(value)}{separator} {exc}") from None
     return value
 
 

@@ -9,10 +9,10 @@ problem found, each at its exact path.
 from __future__ import annotations
 
 import difflib
-import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from iop_edge.config.address import ListenAddress
 from iop_edge.config.schema import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_QUEUE_TIMEOUT_MS,
@@ -35,13 +35,7 @@ def provider_path(node: Node, provider: Provider) -> str:
 
 def is_loopback(address: str) -> bool:
     """True when a ``HOST:PORT`` listen address only accepts connections from this machine."""
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return ListenAddress.parse(address).is_loopback
 
 
 def _listing(items: Iterable[str], limit: int = 8) -> str:
