@@ -9,9 +9,9 @@ Three runs, each switchable:
   ``/proc`` after a warm-up (``--warmup`` requests) and at the end; the admin status gives the
   leak counters; the daemon's children are counted (none may be left).
 - **storm** (``--storm-good`` live refreshes, ``--storm-bad`` rejected files): the reload
-  storm of ``tests/reliability`` at full size, in process, under SDK load.
+  storm of ``iop_edge.testing.reload_storm`` at full size, in process, under SDK load.
 - **fuzz** (``--fuzz N`` Hypothesis candidates, ``--seed``): the config fuzzer of
-  ``tests/reliability`` at full size, in process, under SDK load.
+  ``iop_edge.testing.config_fuzz`` at full size, in process, under SDK load.
 
 Usage::
 
@@ -39,25 +39,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the harness lives in tests/reliability
+import aiohttp
+import openai
+import orjson
+import yaml
 
-import aiohttp  # noqa: E402
-import openai  # noqa: E402
-import orjson  # noqa: E402
-import yaml  # noqa: E402
-
-from iop_edge.logs import configure_logging  # noqa: E402
-from iop_edge.testing.fake_behavior import FakeBehavior  # noqa: E402
-from iop_edge.testing.fake_ollama import FakeOllama  # noqa: E402
-from iop_edge.testing.fake_openai import FakeOpenAI  # noqa: E402
-from tests.reliability.harness import (  # noqa: E402
+from iop_edge.logs import configure_logging
+from iop_edge.testing.config_fuzz import fuzz_texts, run_config_fuzz
+from iop_edge.testing.fake_behavior import FakeBehavior
+from iop_edge.testing.fake_ollama import FakeOllama
+from iop_edge.testing.fake_openai import FakeOpenAI
+from iop_edge.testing.reload_storm import (
     SteadyLoad,
     StormState,
     WatchedEdge,
     dump,
-    fuzz_texts,
-    run_config_fuzz,
     run_reload_storm,
     storm_doc,
     storm_plan,
@@ -315,7 +311,7 @@ async def _listening(log_path: Path, daemon: subprocess.Popen[bytes]) -> dict[st
             await asyncio.sleep(0.05)
 
 
-# --- storm and fuzz (in process, through the test harness) -----------------------------------
+# --- storm and fuzz (in process, through iop_edge.testing) -----------------------------------
 
 
 @contextlib.asynccontextmanager

@@ -162,6 +162,11 @@ class Supervisor:
                 self._log_failure("config_task_failed", outcome, task=task.get_name())
         self._tasks.clear()
 
+    def add_listener(self, listener: RefreshListener) -> None:
+        """Also call ``listener`` with the record of every refresh that finishes from now on
+        (after the ones given at construction, in the order added)."""
+        self._listeners.append(listener)
+
     # -- triggers ----------------------------------------------------------------------------
 
     def request(self, trigger: Trigger) -> None:

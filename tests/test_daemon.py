@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,7 @@ import yaml
 from iop_edge.systemd import Notifier
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.test_supervisor import doc_for, dump, edge_on, rename_save
-
-ROOT = Path(__file__).resolve().parents[1]
-IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))
+from tests.helpers import IOP_EDGE, ROOT, doc_for, dump, edge_on, rename_save
 
 
 class NotifySocket:
@@ -233,7 +229,35 @@ def test_the_alert_rules_cover_the_operational_failures():
         )
 
 
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASS|CREDENTIALS?)$", re.IGNORECASE)
+PLACEHOLDER = re.compile(r"^$|replace-me|change-me|example|<[^>]*>", re.IGNORECASE)
+TOKEN_SHAPED = re.compile(r"\b(sk-[A-Za-z0-9_-]{16,}|[A-Za-z0-9_+/=-]{32,})")
+
+
+def real_looking_secrets(text: str) -> list[str]:
+    """The lines of an env file that look like they hold a real secret: a secret-named
+    variable whose value is not an obvious placeholder, or a token-shaped string (an
+    ``sk-...`` key, or 32+ characters of key alphabet) anywhere, comments included."""
+    found = []
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        assigned = sep and not line.lstrip().startswith("#")
+        secret_named = assigned and SECRET_NAME.search(name.strip())
+        if (secret_named and not PLACEHOLDER.search(value.strip())) or TOKEN_SHAPED.search(line):
+            found.append(line)
+    return found
+
+
 def test_the_env_example_holds_no_real_secret():
     text = (ROOT / "deploy/iop-edge.env.example").read_text()
-    assert "OPENAI_API_KEY=sk-replace-me" in text
-    assert os.environ.get("OPENAI_API_KEY", "unset") not in text
+    assert "OPENAI_API_KEY=sk-replace-me" in text  # the placeholder the README tells to replace
+    assert real_looking_secrets(text) == []
+    # The check can fail: the same file with a real-looking value in place of the placeholder.
+    key = "sk-proj-" + "Ab3dE5gH7jK9mN1pQ3sT5vX7z" * 2
+    for doctored, line in [
+        (text.replace("sk-replace-me", key), f"OPENAI_API_KEY={key}"),
+        (text.replace("sk-replace-me", "hunter2"), "OPENAI_API_KEY=hunter2"),
+        (text + f"# old key: {key}\n", f"# old key: {key}"),
+        (text + "ADMIN_TOKEN=4f1c9b2e\n", "ADMIN_TOKEN=4f1c9b2e"),
+    ]:
+        assert real_looking_secrets(doctored) == [line]

@@ -34,14 +34,8 @@ from iop_edge.logs import configure_logging
 from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.reliability.harness import (
-    BOUND,
-    FAKE_CLI,
-    process_gone,
-    raw_exchange,
-    raw_request,
-    wait_for,
-)
+from tests.helpers import BOUND, FAKE_CLI, process_gone, wait_for
+from tests.reliability.harness import raw_exchange, raw_request
 from tests.reliability.test_client_faults import FRAME_CONTENT, EndlessUpstream
 
 START = 100.0

@@ -46,9 +46,7 @@ from iop_edge.supervisor import SupervisorOptions
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.tokens import new_token, token_hash
-from tests.reliability.harness import BOUND, wait_for
-from tests.test_daemon import IOP_EDGE, ROOT
-from tests.test_supervisor import doc_for, dump
+from tests.helpers import BOUND, IOP_EDGE, ROOT, doc_for, dump, wait_for
 
 STARTUP = 10.0
 """Seconds the daemon may take to log ``listening`` before the run is declared broken."""

@@ -43,8 +43,7 @@ from iop_edge.logs import configure_logging, flush_logs
 from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.api.conftest import wait_for
-from tests.test_supervisor import doc_for, dump, rename_save
+from tests.helpers import doc_for, dump, rename_save, wait_for
 
 #: ``iop_edge.config_file.MAX_FILE_BYTES`` as the README states it (written out, not imported,
 #: so this file also runs against code that predates the cap and shows the defect there).

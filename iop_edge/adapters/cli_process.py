@@ -85,6 +85,16 @@ class CliTracker:
         self.reapers: set[asyncio.Task[None]] = set()
         self.closed = False
 
+    @property
+    def live_process_groups(self) -> int:
+        """Process groups started and not yet reaped (a group being killed still counts)."""
+        return len(self.runs)
+
+    @property
+    def kills_pending(self) -> int:
+        """Reapers still running: groups sent SIGTERM, waiting for their exit or the SIGKILL."""
+        return len(self.reapers)
+
     async def aclose(self) -> None:
         """Stop every group still running and wait until all are reaped; idempotent."""
         self.closed = True

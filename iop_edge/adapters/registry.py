@@ -12,7 +12,8 @@ setting, and a provider enabled by a refresh must find its executor ready.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from iop_edge.adapters.base import DEFAULT_REQUEST_TIMEOUT_MS, Backend, Executor
 from iop_edge.adapters.cli import CliExecutor
@@ -25,14 +26,27 @@ from iop_edge.config.payload import NodeConfigPayload, node_payload
 if TYPE_CHECKING:
     from iop_edge.config.schema import AdapterType, EdgeConfig, ExecutionFields
 
-__all__ = ["AdapterSet", "NodeAdapters", "build_executor"]
+__all__ = [
+    "AdapterSet",
+    "AdapterStatistics",
+    "NodeAdapters",
+    "build_executor",
+    "request_timeout_ms",
+]
+
+
+def request_timeout_ms(execution: ExecutionFields) -> int:
+    """The deadline an executor built from ``execution`` gets: its merged
+    ``request_timeout_ms``, or :data:`DEFAULT_REQUEST_TIMEOUT_MS` when neither the provider nor
+    its adapter sets it."""
+    return execution.request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS
 
 
 def build_executor(
     kind: AdapterType, backend: Backend, execution: ExecutionFields, label: str
 ) -> Executor:
     """The executor of one provider (or adapter instance) of runtime type ``kind``."""
-    timeout_ms = execution.request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS
+    timeout_ms = request_timeout_ms(execution)
     if kind == "cli":
         assert isinstance(backend, CliTracker)
         argv = (execution.command, *(execution.args or ())) if execution.command else None
@@ -55,6 +69,20 @@ def build_executor(
     if kind == "ollama":
         return OllamaExecutor(backend, target, execution.context_size)
     return OpenAICompatExecutor(backend, target, execution.endpoint)
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterStatistics:
+    """A snapshot of one enabled adapter instance's backend (read at call time, kept nowhere)."""
+
+    node_id: str
+    adapter: str
+    backend: Literal["http", "cli"]
+    """``http`` (a connection pool: ``openai_compat``, ``ollama``) or ``cli`` (process tracker)."""
+    live_process_groups: int
+    """CLI process groups started and not yet reaped (always 0 for ``http``)."""
+    kills_pending: int
+    """CLI groups sent SIGTERM whose reaper still runs (always 0 for ``http``)."""
 
 
 class AdapterSet:
@@ -106,6 +134,24 @@ class AdapterSet:
                 f"node {self.node_id!r} has no enabled adapter {adapter_name!r}; "
                 f"enabled adapters: {known}"
             ) from None
+
+    def statistics(self) -> tuple[AdapterStatistics, ...]:
+        """One snapshot per enabled adapter instance of this node, in configuration order."""
+        found: list[AdapterStatistics] = []
+        for name, backend in self._backends.items():
+            if isinstance(backend, CliTracker):
+                found.append(
+                    AdapterStatistics(
+                        self.node_id,
+                        name,
+                        "cli",
+                        backend.live_process_groups,
+                        backend.kills_pending,
+                    )
+                )
+            else:
+                found.append(AdapterStatistics(self.node_id, name, "http", 0, 0))
+        return tuple(found)
 
     async def aclose(self) -> None:
         """Close pooled connections and kill CLI process groups still running; idempotent.
@@ -170,6 +216,10 @@ class NodeAdapters:
     def route(self, node_id: str, adapter: str) -> Executor:
         """The executor of a model route: adapter instance ``adapter`` of node ``node_id``."""
         return self._sets[node_id].for_adapter(adapter)
+
+    def statistics(self) -> tuple[AdapterStatistics, ...]:
+        """Every node's :meth:`AdapterSet.statistics`, node by node."""
+        return tuple(s for adapter_set in self._sets.values() for s in adapter_set.statistics())
 
     async def aclose(self) -> None:
         """Close every node's pooled connections and kill CLI groups still running."""

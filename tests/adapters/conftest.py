@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from iop_edge.errors import AdapterError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-FAKE_CLI = [sys.executable, "-m", "iop_edge.testing.fake_cli"]
 """The fake agent as a cli command: ``command`` then ``args``."""
 
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from iop_edge.adapters import DEFAULT_REQUEST_TIMEOUT_MS, AdapterSet
+from iop_edge.adapters.registry import request_timeout_ms
 from iop_edge.config import load_config
 from iop_edge.config.payload import (
     AdapterPayload,
@@ -20,8 +21,9 @@ from iop_edge.config.payload import (
 from iop_edge.config.schema import ExecutionFields, NodeRuntime
 from iop_edge.errors import AdapterError
 from iop_edge.testing.fake_openai import FakeOpenAI
+from tests.helpers import FAKE_CLI
 
-from .conftest import FAKE_CLI, chat, dead_port, reply_json
+from .conftest import chat, dead_port, reply_json
 
 
 @pytest.fixture
@@ -159,12 +161,15 @@ async def test_disabled_adapters_and_their_providers_get_no_executor(
         adapter_set.for_adapter("off")
 
 
-async def test_request_timeout_default_and_override(adapter_set: AdapterSet) -> None:
-    # White-box: the documented default applies when neither provider nor adapter sets it.
-    # The ignores: the lookups return the Executor protocol, these are the concrete
-    # executors' private fields.
-    assert adapter_set.for_adapter("shell")._timeout_ms == DEFAULT_REQUEST_TIMEOUT_MS  # type: ignore[attr-defined]
-    assert adapter_set.for_provider("over")._target.timeout_ms == 5000  # type: ignore[attr-defined]
+async def test_request_timeout_default_and_override(fake: FakeOpenAI) -> None:
+    """The documented default applies when neither provider nor adapter sets
+    ``request_timeout_ms``; a provider's own value wins. (That the executors obey the value
+    they are built with is tested in test_cli.py, test_ollama.py and test_openai_compat.py.)"""
+    payload = node_payload(load_config(node_doc(fake, "http://127.0.0.1:1/v1")), "n1")
+    adapters = {a.name: a for a in payload.adapters}
+    providers = {p.id: p for p in payload.providers}
+    assert request_timeout_ms(adapters["shell"].execution) == DEFAULT_REQUEST_TIMEOUT_MS
+    assert request_timeout_ms(providers["over"].execution) == 5000
 
 
 async def test_a_payload_without_base_url_is_a_clear_upstream_error() -> None:

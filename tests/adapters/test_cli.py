@@ -26,9 +26,9 @@ from iop_edge.adapters.cli_process import MAX_OUTPUT_BYTES, STDERR_TAIL_BYTES
 from iop_edge.config import load_config
 from iop_edge.config.payload import node_payload
 from iop_edge.errors import AdapterError
+from tests.helpers import FAKE_CLI, wait_for
 
 from .conftest import (
-    FAKE_CLI,
     chat,
     collect,
     content_of,
@@ -398,6 +398,40 @@ async def test_a_group_ignoring_sigterm_is_killed_after_the_grace(
     await wait_gone(pgid)
     await wait_gone(child)
     assert not group_alive(pgid)
+
+
+async def test_adapter_statistics_count_live_groups_and_pending_kills(
+    sets: SetFactory, pid_fifo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AdapterSet.statistics()``: a running group is live; once its caller is cancelled a
+    group that ignores SIGTERM is live with its kill pending until the grace ends; then
+    nothing. HTTP adapters report no process groups."""
+    monkeypatch.setattr(cli_process, "KILL_GRACE_SECONDS", 0.2)
+    args = [*FAKE_CLI[1:], "--ignore-sigterm", "--spawn-child", "--pid-file", str(pid_fifo)]
+    adapter_set = sets(
+        [
+            {"name": "shell", "type": "cli", "command": FAKE_CLI[0], "args": [*args, "--hang"]},
+            {"name": "api", "type": "openai_compat", "base_url": "http://127.0.0.1:1/v1"},
+        ],
+        [{"id": "c1", "type": "cli", "adapter": "shell"}],
+    )
+
+    def counts() -> list[tuple[str, str, int, int]]:
+        return [
+            (s.adapter, s.backend, s.live_process_groups, s.kills_pending)
+            for s in adapter_set.statistics()
+        ]
+
+    assert counts() == [("shell", "cli", 0, 0), ("api", "http", 0, 0)]
+    task = asyncio.create_task(adapter_set.for_provider("c1").complete(chat()))
+    child = await read_pid_fifo(pid_fifo)
+    assert counts()[0] == ("shell", "cli", 1, 0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert counts()[0] == ("shell", "cli", 1, 1)  # SIGTERM ignored: the reaper waits
+    await wait_for(lambda: counts()[0] == ("shell", "cli", 0, 0))
+    await wait_gone(child)
 
 
 async def test_aclose_of_an_abandoned_stream_kills_the_whole_group(

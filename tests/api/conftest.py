@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import io
-import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
@@ -19,10 +17,10 @@ from iop_edge.logs import configure_logging
 from iop_edge.seams import Clock
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
+from tests.helpers import FAKE_CLI
 
 TOKEN = "iop_test-token-chat"
 OTHER_TOKEN = "iop_test-token-batch"
-FAKE_CLI = [sys.executable, "-m", "iop_edge.testing.fake_cli"]
 
 
 def token_entry(ref: str, token: str) -> dict[str, str]:
@@ -165,11 +163,3 @@ async def edge(
 async def client(edge: Daemon) -> AsyncIterator[openai.AsyncOpenAI]:
     async with openai.AsyncOpenAI(base_url=edge.openai_url, api_key=TOKEN, max_retries=0) as c:
         yield c
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Let the loop run until ``predicate()`` holds (polls the edge's own state; the timeout
-    only bounds a broken test)."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.002)

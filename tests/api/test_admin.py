@@ -22,6 +22,7 @@ import yaml
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.supervisor import SupervisorOptions
+from tests.helpers import doc_for, dump, edge_on
 
 ADMIN_TOKEN = "iop_admin-test-7f3c2a9e51d84b06"
 IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))
@@ -223,3 +224,43 @@ async def test_a_metrics_listener_off_loopback_is_warned_about_at_start(
         assert found[0]["level"] == "warning"
         assert found[0]["listen"] == listen
         assert "no authentication" in found[0]["message"]
+
+
+async def test_the_admin_api_and_the_cli_report_the_same_refresh(tmp_path):
+    async with edge_on(tmp_path, doc_for()) as edge:
+        edge.path.write_text(dump(doc_for(capacity=5, logging={"level": "debug"})))
+        console = edge.daemon.console_url
+        async with aiohttp.ClientSession() as session:
+            async with session.post(console + "/admin/config/refresh?mode=dry_run") as r:
+                dry = await r.json()
+            assert (dry["mode"], dry["result"]) == ("dry_run", "restart_required")
+            assert edge.capacity() == 2  # a dry run applies nothing
+            async with session.post(console + "/admin/config/refresh?mode=bogus") as r:
+                assert (await r.json())["result"] == "rejected"
+        cli = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).with_name("iop-edge")),
+            "config",
+            "refresh",
+            "--apply",
+            "--console",
+            console,
+            "--json",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await cli.communicate()
+        assert cli.returncode == 3
+        applied = json.loads(out)
+        assert (applied["mode"], applied["result"]) == ("apply", "restart_required")
+        assert edge.capacity() == 5
+        async with aiohttp.ClientSession() as session, session.get(console + "/admin/status") as r:
+            status = await r.json()
+        assert status["config"]["hash"] == edge.supervisor.running_hash
+        assert [p["path"] for p in status["config"]["restart_pending"]] == ["logging.level"]
+        assert status["config"]["last_refresh"]["trigger"] == "api"
+        (cat,) = status["providers"]
+        assert (cat["node"], cat["id"], cat["status"], cat["capacity"]) == (
+            "local",
+            "cat",
+            "active",
+            5,
+        )

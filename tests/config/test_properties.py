@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from iop_edge.config import ConfigError, dump_config, load_config, parse_config
 from iop_edge.errors import ConfigProblem
-from tests.strategies import mutated_docs, valid_docs, yaml_values
+from iop_edge.testing.strategies import mutated_docs, valid_docs, yaml_values
 
 T = TypeVar("T")
 

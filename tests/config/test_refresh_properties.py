@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 
 from iop_edge.config.refresh import RefreshResult, classify, refresh
+from iop_edge.testing.strategies import edited_pairs, valid_docs
 from tests.config.helpers import load
-from tests.strategies import edited_pairs, valid_docs
 
 
 @given(valid_docs())

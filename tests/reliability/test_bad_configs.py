@@ -9,16 +9,10 @@ from __future__ import annotations
 
 import openai
 
+from iop_edge.testing.config_fuzz import fuzz_texts, run_config_fuzz
 from iop_edge.testing.fake_behavior import FakeBehavior
-from tests.reliability.harness import (
-    SteadyLoad,
-    StormState,
-    dump,
-    fuzz_texts,
-    run_config_fuzz,
-    storm_doc,
-    watched_edge,
-)
+from iop_edge.testing.reload_storm import SteadyLoad, StormState, storm_doc, watched_edge
+from tests.helpers import dump
 
 BASE_STATE = StormState(
     capacity=(2, 2, 2), priority=(0, 1, 2), enabled=(True, True, True), max_queue=16,

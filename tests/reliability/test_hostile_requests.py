@@ -38,33 +38,28 @@ import pytest
 from iop_edge.config import load_config, parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.supervisor import SupervisorOptions
+from tests.helpers import BOUND, FAKE_CLI, dump, process_gone, rename_save, wait_for
 from tests.reliability.harness import (
-    BOUND,
-    FAKE_CLI,
     EdgeProcess,
     ThreadedUpstream,
     children_of,
     config_validate,
-    dump,
     edge_at_rest,
     edge_metrics,
     edge_process,
     edge_status,
     log_events,
-    process_gone,
     raw_answer,
     raw_exchange,
     raw_request,
     read_answer,
     read_until_closed,
-    rename_save,
     silent_upstream,
     slowloris,
     split_save,
     stalled_reader,
     swap_in_fifo,
     until_closed,
-    wait_for,
     wait_for_log,
 )
 

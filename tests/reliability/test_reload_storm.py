@@ -11,7 +11,7 @@ import json
 import openai
 
 from iop_edge.testing.fake_behavior import FakeBehavior
-from tests.reliability.harness import (
+from iop_edge.testing.reload_storm import (
     SteadyLoad,
     cli_status,
     expected_policy,

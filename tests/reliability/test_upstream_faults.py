@@ -25,7 +25,8 @@ import pytest
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.testing.fake_behavior import FakeBehavior
-from tests.reliability.harness import FAKE_CLI, process_gone, raw_upstream, settled, wait_for
+from tests.helpers import FAKE_CLI, process_gone, settled, wait_for
+from tests.reliability.harness import raw_upstream
 
 SHORT_MS = 300
 """``request_timeout_ms`` of the ``-short`` providers: the stall and hang rows wait this long."""

@@ -1,0 +1,142 @@
+"""Helpers shared by the test modules (one home: a test module never imports another).
+
+The waiting and leak accounting (:func:`wait_for`, :func:`settled`, ...) and the config-file
+helpers (:func:`dump`, :func:`rename_save`) live in ``iop_edge.testing``, which the benches
+use too; they are re-exported here so that tests import every shared helper from one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from iop_edge.config import parse_config
+from iop_edge.daemon import Daemon
+from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
+from iop_edge.testing.fake_openai import FakeOpenAI
+from iop_edge.testing.leaks import BOUND, child_pids, leaks, process_gone, settled, wait_for
+from iop_edge.testing.reload_storm import dump, rename_save
+
+__all__ = [
+    "BOUND",
+    "FAKE_CLI",
+    "IOP_EDGE",
+    "ROOT",
+    "Edge",
+    "child_pids",
+    "doc_for",
+    "dump",
+    "edge_on",
+    "leaks",
+    "process_gone",
+    "rename_save",
+    "settled",
+    "wait_for",
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository root."""
+
+IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))
+"""The ``iop-edge`` console script of the venv running the tests."""
+
+FAKE_CLI = [sys.executable, "-m", "iop_edge.testing.fake_cli"]
+"""The fake command-line agent, as a provider's ``command`` + ``args``."""
+
+
+def doc_for(fake: FakeOpenAI | None = None, *, capacity: int = 2, **root: Any) -> dict[str, Any]:
+    """A config with the echo model (cat) and, with a fake, the model ``chat`` on it."""
+    adapters: list[dict[str, Any]] = [{"name": "shell", "type": "cli", "command": "cat"}]
+    providers: list[dict[str, Any]] = [
+        {
+            "id": "cat",
+            "type": "cli",
+            "category": "cli",
+            "adapter": "shell",
+            "models": ["echo"],
+            "capacity": capacity,
+        },
+    ]
+    models: list[dict[str, Any]] = [
+        {"id": "echo", "context_window_tokens": 4096, "providers": ["cat"]}
+    ]
+    if fake is not None:
+        adapters.append({"name": "oa", "type": "openai_compat", "base_url": fake.base_url})
+        providers.append(
+            {
+                "id": "up",
+                "type": "openai_compat",
+                "category": "api",
+                "adapter": "oa",
+                "models": ["fake-model"],
+                "capacity": capacity,
+            }
+        )
+        models.append({"id": "chat", "context_window_tokens": 4096, "providers": ["up"]})
+    doc = {
+        "openai": {"listen": "127.0.0.1:0"},
+        "metrics": {"listen": "127.0.0.1:0"},
+        "console": {"listen": "127.0.0.1:0"},
+        "provider_pool": {"max_queue": 8, "queue_timeout_ms": 30000},
+        "models": models,
+        "nodes": [{"id": "local", "adapters": adapters, "providers": providers}],
+    }
+    doc.update(root)
+    return doc
+
+
+class Edge:
+    """A running daemon on a config file, with every finished refresh queued for the test."""
+
+    def __init__(self, daemon: Daemon, path: Path) -> None:
+        self.daemon = daemon
+        self.path = path
+        self.records: asyncio.Queue[RefreshRecord] = asyncio.Queue()
+        assert daemon.supervisor is not None
+        daemon.supervisor.add_listener(self.records.put_nowait)
+
+    @property
+    def supervisor(self) -> Supervisor:
+        assert self.daemon.supervisor is not None
+        return self.daemon.supervisor
+
+    async def next_record(self) -> RefreshRecord:
+        return await asyncio.wait_for(self.records.get(), timeout=15)
+
+    def capacity(self, provider: str = "cat") -> int:
+        stats = self.daemon.scheduler.statistics()
+        return next(p.capacity for p in stats.providers if p.provider_id == provider)
+
+    async def metrics(self) -> dict[str, float]:
+        async with aiohttp.ClientSession() as session, session.get(self.daemon.metrics_url) as r:
+            text = await r.text()
+        return {
+            f"{s.name}{sorted(s.labels.items())}" if s.labels else s.name: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+
+@contextlib.asynccontextmanager
+async def edge_on(tmp_path: Path, doc: dict[str, Any], **options: Any) -> AsyncIterator[Edge]:
+    path = tmp_path / "edge.yaml"
+    path.write_text(dump(doc))
+    daemon = Daemon(
+        parse_config(yaml.safe_load(path.read_text())),
+        config_path=path,
+        supervisor_options=SupervisorOptions(debounce=0.05, settle=0.3, poll_interval=3600),
+        **options,
+    )
+    await daemon.start()
+    try:
+        yield Edge(daemon, path)
+    finally:
+        await daemon.stop()
