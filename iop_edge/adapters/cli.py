@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -218,32 +218,32 @@ class CliExecutor:
         run = await CliRun.start(self._argv, self._env, prompt, self._label, self._tracker)
         return run, deadline
 
-    def _failed(self, run: CliRun, exc: BaseException) -> BaseException:
-        """Kill the run's group; the error to raise for ``exc`` (itself when not ours to map:
-        a cancellation stays a cancellation)."""
-        run.abort()
-        if isinstance(exc, TimeoutError):
-            return self._timeout()
-        if isinstance(exc, MalformedOutput):
-            return self._malformed(run, exc)
-        return exc
+    @contextlib.contextmanager
+    def _failures(self, run: CliRun) -> Iterator[None]:
+        """The one place a run's failures are mapped: whatever ends the block early kills the
+        run's group, then a timeout or a malformed output is raised as its AdapterError and
+        anything else (a cancellation, a closed stream) as itself."""
+        try:
+            yield
+        except BaseException as exc:
+            run.abort()
+            if isinstance(exc, TimeoutError):
+                raise self._timeout() from exc
+            if isinstance(exc, MalformedOutput):
+                raise self._malformed(run, exc) from exc
+            raise
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """Run the command to its end and return its answer as a ``chat.completion``."""
         run, deadline = await self._start(call)
         decoder = OutputDecoder(self._format)
         pieces: list[str] = []
-        try:
+        with self._failures(run):
             async with asyncio.timeout_at(deadline):
                 while chunk := await run.read():
                     pieces.extend(decoder.feed(chunk))
                 await run.finish()
             pieces.extend(decoder.end())
-        except BaseException as exc:
-            mapped = self._failed(run, exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
         body = chat_completion(call.request_id, call.target, "".join(pieces), "stop", decoder.usage)
         return UpstreamReply(200, body, decoder.usage)
 
@@ -258,7 +258,7 @@ class CliExecutor:
         decoder = OutputDecoder(self._format)
         ready: list[str] = []
         ended = False
-        try:
+        with self._failures(run):
             async with asyncio.timeout_at(deadline):
                 while not ready and not ended:
                     chunk = await run.read()
@@ -272,17 +272,12 @@ class CliExecutor:
                         decoder.feed(chunk)
                     await run.finish()
                     ready.extend(decoder.end())
-        except BaseException as exc:
-            mapped = self._failed(run, exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
         chunks = ChatChunks(call.request_id, call.target)
         frames = self._relay(run, deadline, decoder, chunks, ready, ended, include_usage(call.body))
 
         async def close() -> None:
             run.abort()
-            with contextlib.suppress(RuntimeError):  # see OpenAICompatExecutor.open_stream
+            with contextlib.suppress(RuntimeError):  # see upstream_http.relay_lines
                 await frames.aclose()
 
         return UpstreamStream(status=200, frames=frames, usage=decoder.usage, closer=close)
@@ -297,7 +292,7 @@ class CliExecutor:
         ended: bool,
         with_usage: bool,
     ) -> AsyncGenerator[bytes, None]:
-        try:
+        with self._failures(run):
             yield chunks.role()
             for piece in ready:
                 yield chunks.content(piece)
@@ -317,8 +312,3 @@ class CliExecutor:
             if with_usage:
                 yield chunks.usage(decoder.usage)
             yield DONE_FRAME
-        except BaseException as exc:
-            mapped = self._failed(run, exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc

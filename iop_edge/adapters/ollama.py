@@ -31,10 +31,9 @@ answer, 400–599 Ollama's error relayed with its status, anything else ``upstre
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
-import aiohttp
 import orjson
 
 from iop_edge.adapters.base import (
@@ -54,14 +53,11 @@ from iop_edge.adapters.openai_format import (
     require_chat,
 )
 from iop_edge.adapters.upstream_http import (
-    MAX_BATCH_BYTES,
     HttpBackend,
     HttpTarget,
-    LineReader,
-    Watchdog,
-    http_stream,
     post_for_body,
     post_for_stream,
+    relay_lines,
     upstream_error,
 )
 
@@ -197,69 +193,60 @@ class OllamaExecutor:
         response, deadline = opened
         usage = Usage()
         chunks = ChatChunks(call.request_id, call.target)
-        frames = self._relay(response, url, deadline, usage, chunks, include_usage(call.body))
-        return http_stream(response, frames, usage)
+        lines = _ChatLines(self._target, url, usage, chunks, include_usage(call.body))
+        return relay_lines(response, self._target, url, deadline, lines, usage, chunks.role())
 
-    async def _relay(
-        self,
-        response: aiohttp.ClientResponse,
-        url: str,
-        deadline: float,
-        usage: Usage,
-        chunks: ChatChunks,
-        with_usage: bool,
-    ) -> AsyncGenerator[bytes, None]:
-        done = False
-        lines = LineReader(response)
-        watchdog = Watchdog(response, deadline)
-        ready: list[bytes] = [chunks.role()]  # translated, not yet yielded (see openai_compat)
+
+class _ChatLines:
+    """Ollama's NDJSON stream lines as ``chat.completion.chunk`` frames; a
+    :class:`~iop_edge.adapters.upstream_http.LineTranslator`."""
+
+    __slots__ = ("_chunks", "_target", "_url", "_usage", "_with_usage", "done")
+
+    unfinished = 'the stream ended before the "done": true line'
+
+    def __init__(
+        self, target: HttpTarget, url: str, usage: Usage, chunks: ChatChunks, with_usage: bool
+    ) -> None:
+        self._target = target
+        self._url = url
+        self._usage = usage
+        self._chunks = chunks
+        self._with_usage = with_usage
+        self.done = False
+
+    def translate(self, line: bytes) -> bytes:
+        """The frames of one NDJSON line (the last one ends the stream)."""
+        line = line.strip()
+        if not line:
+            return b""
         try:
-            while True:
-                if ready and (not lines.has_line() or sum(map(len, ready)) >= MAX_BATCH_BYTES):
-                    yield b"".join(ready)
-                    ready.clear()
-                line = await lines.readline()
-                if not line:
-                    raise self._target.broken(url, 'the stream ended before the "done": true line')
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    item = orjson.loads(line)
-                except orjson.JSONDecodeError as exc:
-                    raise self._target.broken(
-                        url, f"a stream line is not valid JSON ({exc})"
-                    ) from exc
-                if not isinstance(item, dict):
-                    raise self._target.broken(url, "a stream line is not a JSON object")
-                if "error" in item:
-                    raise self._target.broken(
-                        url, f"the upstream reported an error mid-stream: {item['error']}"
-                    )
-                message = item.get("message")
-                if isinstance(message, dict):
-                    thinking = message.get("thinking")
-                    if isinstance(thinking, str) and thinking:
-                        ready.append(chunks.reasoning(thinking))
-                    content = message.get("content")
-                    if isinstance(content, str) and content:
-                        ready.append(chunks.content(content))
-                if item.get("done") is True:
-                    done = True
-                    _read_counts(item, usage)
-                    ready.append(chunks.finish(_finish_reason(item.get("done_reason"))))
-                    if with_usage:
-                        ready.append(chunks.usage(usage))
-                    ready.append(DONE_FRAME)
-                    yield b"".join(ready)
-                    return
-        except Exception as exc:
-            if ready:  # what was translated before the failure is still the client's
-                yield b"".join(ready)
-            failure = watchdog.failure(self._target, url, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
-        finally:
-            watchdog.cancel()
-            (response.release if done else response.close)()
+            item = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise self._target.broken(
+                self._url, f"a stream line is not valid JSON ({exc})"
+            ) from exc
+        if not isinstance(item, dict):
+            raise self._target.broken(self._url, "a stream line is not a JSON object")
+        if "error" in item:
+            raise self._target.broken(
+                self._url, f"the upstream reported an error mid-stream: {item['error']}"
+            )
+        chunks = self._chunks
+        frames = b""
+        message = item.get("message")
+        if isinstance(message, dict):
+            thinking = message.get("thinking")
+            if isinstance(thinking, str) and thinking:
+                frames = chunks.reasoning(thinking)
+            content = message.get("content")
+            if isinstance(content, str) and content:
+                frames += chunks.content(content)
+        if item.get("done") is True:
+            self.done = True
+            _read_counts(item, self._usage)
+            frames += chunks.finish(_finish_reason(item.get("done_reason")))
+            if self._with_usage:
+                frames += chunks.usage(self._usage)
+            frames += DONE_FRAME
+        return frames

@@ -26,10 +26,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Any, Final
 
-import aiohttp
 import orjson
 
 from iop_edge.adapters.base import (
@@ -41,15 +39,12 @@ from iop_edge.adapters.base import (
 )
 from iop_edge.adapters.openai_format import DONE_FRAME, dumps, read_usage
 from iop_edge.adapters.upstream_http import (
-    MAX_BATCH_BYTES,
     HttpBackend,
     HttpTarget,
-    LineReader,
-    Watchdog,
-    http_stream,
     post_for_body,
     post_for_stream,
     redact_url,
+    relay_lines,
     upstream_error,
 )
 from iop_edge.errors import AdapterError
@@ -127,63 +122,47 @@ class OpenAICompatExecutor:
                 "request with a JSON body instead of an event stream",
             )
         usage = Usage()
-        frames = self._relay(response, url, deadline, usage, hide_usage)
-        return http_stream(response, frames, usage)
+        events = _SseEvents(self._target, url, usage, hide_usage)
+        return relay_lines(response, self._target, url, deadline, events, usage)
 
-    async def _relay(
-        self,
-        response: aiohttp.ClientResponse,
-        url: str,
-        deadline: float,
-        usage: Usage,
-        hide_usage: bool,
-    ) -> AsyncGenerator[bytes, None]:
-        data: list[bytes] = []
-        ready: list[bytes] = []  # frames translated from what has arrived, not yet yielded
-        done = False
-        lines = LineReader(response)
-        watchdog = Watchdog(response, deadline)
-        try:
-            while True:
-                if ready and (not lines.has_line() or sum(map(len, ready)) >= MAX_BATCH_BYTES):
-                    # Relay what arrived together as one write (a write per event was most of
-                    # a streamed request's CPU), then wait for the network.
-                    yield b"".join(ready)
-                    ready.clear()
-                line = await lines.readline()
-                if not line:
-                    raise self._target.broken(url, "the stream ended before data: [DONE]")
-                line = line.rstrip(b"\r\n")
-                if line:
-                    if line.startswith(b"data:"):
-                        value = line[5:]
-                        data.append(value[1:] if value.startswith(b" ") else value)
-                    continue  # comments (keep-alives) and other SSE fields are dropped
-                if not data:
-                    continue
-                event = data[0] if len(data) == 1 else b"\n".join(data)
-                data.clear()
-                if event == b"[DONE]":
-                    done = True
-                    ready.append(DONE_FRAME)
-                    yield b"".join(ready)
-                    return
-                frame = self._check(event, url, usage, hide_usage)
-                if frame is not None:
-                    ready.append(frame)
-        except Exception as exc:
-            if ready:  # what was translated before the failure is still the client's
-                yield b"".join(ready)
-            failure = watchdog.failure(self._target, url, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
-        finally:
-            watchdog.cancel()
-            (response.release if done else response.close)()
 
-    def _check(self, event: bytes, url: str, usage: Usage, hide_usage: bool) -> bytes | None:
-        """Validate one event and capture its usage; return the frame to relay, or None."""
+class _SseEvents:
+    """The upstream's SSE events as ``data:`` frames, checked one by one, with the usage
+    captured (and hidden when ours); a :class:`~iop_edge.adapters.upstream_http.LineTranslator`."""
+
+    __slots__ = ("_data", "_hide_usage", "_target", "_url", "_usage", "done")
+
+    unfinished = "the stream ended before data: [DONE]"
+
+    def __init__(self, target: HttpTarget, url: str, usage: Usage, hide_usage: bool) -> None:
+        self._target = target
+        self._url = url
+        self._usage = usage
+        self._hide_usage = hide_usage
+        self._data: list[bytes] = []
+        self.done = False
+
+    def translate(self, line: bytes) -> bytes:
+        """The frame of the event this line ends, if any."""
+        line = line.rstrip(b"\r\n")
+        if line:
+            if line.startswith(b"data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(b" ") else value)
+            return b""  # comments (keep-alives) and other SSE fields are dropped
+        data = self._data
+        if not data:
+            return b""
+        event = data[0] if len(data) == 1 else b"\n".join(data)
+        data.clear()
+        if event == b"[DONE]":
+            self.done = True
+            return DONE_FRAME
+        return self._check(event)
+
+    def _check(self, event: bytes) -> bytes:
+        """Validate one event and capture its usage; return the frame to relay (or b"")."""
+        url = self._url
         try:
             chunk = orjson.loads(event)
         except orjson.JSONDecodeError as exc:
@@ -196,9 +175,9 @@ class OpenAICompatExecutor:
             raise self._target.broken(url, f"the upstream reported an error mid-stream: {message}")
         reported = chunk.get("usage")
         if reported is not None:
-            read_usage(reported, usage)
-            if hide_usage and not chunk.get("choices"):
-                return None
-        if hide_usage and _USAGE_NULL in event:
+            read_usage(reported, self._usage)
+            if self._hide_usage and not chunk.get("choices"):
+                return b""
+        if self._hide_usage and _USAGE_NULL in event:
             event = event.replace(_USAGE_NULL, b"")
         return b"data: " + event + b"\n\n"

@@ -7,6 +7,9 @@
 - :func:`read_capped`, :class:`LineReader`, :func:`not_an_answer`: reading bodies within
   size caps; :func:`upstream_error` maps the third-party exceptions met on the way to
   :class:`~iop_edge.errors.AdapterError` (the adapters raise it once, ``from exc``).
+- :func:`post_for_body`, :func:`post_for_stream`: one POST, bounded by the call's deadline.
+- :func:`relay_lines`: the one stream relay (batching, the :class:`Watchdog` deadline,
+  failure mapping, release vs close); each adapter gives only a :class:`LineTranslator`.
 
 Statuses: 200 is an answer; 400–599 is the upstream's own error, relayed with its status in
 an OpenAI envelope (an upstream's OpenAI envelope as is; any other body — an HTML page from a
@@ -25,7 +28,7 @@ import contextlib
 import functools
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -44,10 +47,12 @@ __all__ = [
     "HttpBackend",
     "HttpTarget",
     "LineReader",
+    "LineTranslator",
     "ResponseTooLarge",
     "not_an_answer",
     "read_capped",
     "redact_url",
+    "relay_lines",
     "static_headers",
     "upstream_error",
 ]
@@ -410,11 +415,38 @@ async def post_for_stream(
     return response, deadline
 
 
-def http_stream(
-    response: aiohttp.ClientResponse, frames: AsyncGenerator[bytes, None], usage: Usage
+class LineTranslator(Protocol):
+    """One upstream stream format (SSE, NDJSON): turns its lines into the client's frames.
+
+    :func:`relay_lines` owns everything else — batching, the deadline, failure mapping, and
+    releasing or closing the connection — so an adapter gives only this.
+    """
+
+    done: bool
+    """Set by :meth:`translate` on the line that ends the answer; nothing is read after it."""
+
+    unfinished: str
+    """The reason in the ``upstream_error`` when the body ends before :attr:`done`."""
+
+    def translate(self, line: bytes) -> bytes:
+        """The frames (possibly ``b""``) for one line of the body, ``\\n`` included. Raises
+        for a line that breaks the protocol (an AdapterError is raised as is)."""
+        ...
+
+
+def relay_lines(
+    response: aiohttp.ClientResponse,
+    target: HttpTarget,
+    url: str,
+    deadline: float,
+    translator: LineTranslator,
+    usage: Usage,
+    first: bytes = b"",
 ) -> UpstreamStream:
-    """Wrap a relay over ``response`` as an :class:`UpstreamStream` whose ``aclose`` aborts the
-    connection and runs the relay's cleanup."""
+    """Relay the 200 ``response`` of a streamed POST through ``translator`` as an
+    :class:`UpstreamStream` whose frames start with ``first``; ``usage`` is the object the
+    translator fills. See :func:`_relay` for the rules."""
+    frames = _relay(response, target, url, deadline, translator, first)
 
     async def close() -> None:
         response.close()
@@ -424,3 +456,54 @@ def http_stream(
             await frames.aclose()
 
     return UpstreamStream(status=200, frames=frames, usage=usage, closer=close)
+
+
+async def _relay(
+    response: aiohttp.ClientResponse,
+    target: HttpTarget,
+    url: str,
+    deadline: float,
+    translator: LineTranslator,
+    first: bytes,
+) -> AsyncGenerator[bytes, None]:
+    """The frames of a streamed answer, line by line through ``translator``.
+
+    - Frames translated from lines that arrived together are yielded as one write, up to
+      :data:`MAX_BATCH_BYTES` (a write per event was most of a streamed request's CPU); the
+      size is counted as frames are added, not summed again per line.
+    - One :class:`Watchdog` bounds the whole exchange by ``deadline``.
+    - A failure yields what was translated before it (it is still the client's), then raises
+      the mapped :class:`~iop_edge.errors.AdapterError` (the timeout's once the deadline has
+      passed); an end before :attr:`LineTranslator.done` is such a failure.
+    - A stream read to its end goes back to the pool; anything else closes the connection.
+    """
+    ready: list[bytes] = [first] if first else []  # translated, not yet yielded
+    size = len(first)
+    lines = LineReader(response)
+    watchdog = Watchdog(response, deadline)
+    try:
+        while True:
+            if ready and (size >= MAX_BATCH_BYTES or not lines.has_line()):
+                yield b"".join(ready)  # then wait for the network
+                ready.clear()
+                size = 0
+            line = await lines.readline()
+            if not line:
+                raise target.broken(url, translator.unfinished)
+            frame = translator.translate(line)
+            if frame:
+                ready.append(frame)
+                size += len(frame)
+            if translator.done:
+                yield b"".join(ready)
+                return
+    except Exception as exc:
+        if ready:
+            yield b"".join(ready)
+        failure = watchdog.failure(target, url, exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+    finally:
+        watchdog.cancel()
+        (response.release if translator.done else response.close)()
