@@ -53,6 +53,7 @@ from iop_edge.config.refresh import (
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config_file import LOAD_DEADLINE, ConfigSnapshot, snapshot_config_file
 from iop_edge.errors import ConfigError, ConfigProblem
+from iop_edge.logs import Logger
 from iop_edge.systemd import Notifier
 
 Trigger = Literal["file", "signal", "api"]
@@ -113,7 +114,7 @@ class Supervisor:
         *,
         apply: Callable[[EdgeConfig], None],
         env: Mapping[str, str],
-        log: Any,
+        log: Logger,
         listeners: list[RefreshListener] | None = None,
         options: SupervisorOptions | None = None,
         notifier: Notifier | None = None,
@@ -396,6 +397,10 @@ class Supervisor:
                 self.request("file")
 
     # -- status ------------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        """The live state, for a debugger or a log line (the same words as ``STATUS=``)."""
+        return f"<Supervisor {self.path} {status_line(self)}; {self.runs} refresh(es) run>"
 
     def status(self) -> dict[str, Any]:
         """The config part of ``/admin/status``."""

@@ -136,18 +136,9 @@ async def test_valid_then_invalid_then_valid_keeps_serving_and_reports_each_step
         assert metrics[applied] == 2
 
 
-async def test_a_half_written_file_is_never_applied(tmp_path):
-    async with edge_on(tmp_path, doc_for()) as edge:
-        text = dump(doc_for(capacity=6))
-        with open(edge.path, "w") as handle:
-            handle.write(text[: len(text) // 2])  # the editor is still writing
-            handle.flush()
-            await asyncio.sleep(0.1)  # the watcher sees a broken file ...
-            handle.write(text[len(text) // 2 :])  # ... which is complete before it settles
-        record = await edge.next_record()
-        assert record.result.result == "applied"
-        assert edge.capacity() == 6
-        assert edge.supervisor.last_success_at == record.at
+# A half-written file: tests/test_supervisor_hardening.py
+# (test_a_save_in_two_parts_is_judged_only_once_complete_and_no_model_vanishes) drives the
+# settle wait by hand, so no real time decides the outcome.
 
 
 async def test_mixed_live_and_restart_then_revert_clears_restart_pending(tmp_path):

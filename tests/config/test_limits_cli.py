@@ -18,7 +18,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -28,6 +28,7 @@ from iop_edge.config.limits import MAX_DEPTH
 from iop_edge.config.redact import REDACTED
 from iop_edge.config.refresh import RefreshResult
 from iop_edge.config_file import MAX_FILE_BYTES
+from iop_edge.logs import Logger
 from iop_edge.supervisor import Supervisor
 from tests.config.helpers import base_doc, node
 from tests.config.test_limits import (
@@ -181,7 +182,8 @@ def daemon_refresh(path: Path) -> tuple[RefreshResult, RecordingLog]:
 
     async def judge() -> RefreshResult:
         running = load_config(MINIMAL_YAML)
-        supervisor = Supervisor(path, running, apply=lambda config: None, env={}, log=log)
+        recorder = cast(Logger, log)  # records calls by level: all a Supervisor makes
+        supervisor = Supervisor(path, running, apply=lambda config: None, env={}, log=recorder)
         return await supervisor.refresh("api", "dry_run")
 
     return call_within(60, asyncio.run, judge()), log
