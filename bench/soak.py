@@ -49,6 +49,7 @@ from iop_edge.testing.config_fuzz import fuzz_texts, run_config_fuzz
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
+from iop_edge.testing.leaks import children_of
 from iop_edge.testing.reload_storm import (
     SteadyLoad,
     StormState,
@@ -72,18 +73,6 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
-
-
-def children_of(pid: int) -> list[int]:
-    """Processes whose parent is ``pid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                stat = Path(f"/proc/{entry}/stat").read_text(errors="replace")
-                if stat.rpartition(")")[2].split()[1] == str(pid):
-                    found.append(int(entry))
-    return found
 
 
 def memory_config(upstream: str) -> dict[str, Any]:

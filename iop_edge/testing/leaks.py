@@ -15,7 +15,16 @@ from collections.abc import Awaitable, Callable
 from iop_edge.daemon import Daemon
 from iop_edge.pool import PoolStatistics
 
-__all__ = ["BOUND", "NO_LEAKS", "child_pids", "leaks", "process_gone", "settled", "wait_for"]
+__all__ = [
+    "BOUND",
+    "NO_LEAKS",
+    "child_pids",
+    "children_of",
+    "leaks",
+    "process_gone",
+    "settled",
+    "wait_for",
+]
 
 BOUND = 20.0
 """Seconds any single wait may take before the run is declared broken (never a timing)."""
@@ -37,23 +46,29 @@ async def wait_for(
             await asyncio.sleep(poll)
 
 
-def child_pids() -> set[int]:
-    """Processes (zombies included) whose parent is this process."""
-    me = str(os.getpid())
-    found: set[int] = set()
+def children_of(pid: int) -> dict[int, str]:
+    """The processes (zombies included) whose parent is ``pid``, with their command lines."""
+    found: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
                 stat = handle.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'
         fields_after = stat.rpartition(")")[2].split()
-        if len(fields_after) > 1 and fields_after[1] == me:
-            found.add(int(entry))
+        if len(fields_after) > 1 and fields_after[1] == str(pid):
+            found[int(entry)] = cmdline
     return found
+
+
+def child_pids() -> set[int]:
+    """Processes (zombies included) whose parent is this process."""
+    return set(children_of(os.getpid()))
 
 
 def process_gone(pid: int) -> bool:

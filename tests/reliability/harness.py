@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iop_edge.testing.leaks import BOUND, wait_for
+from iop_edge.testing.leaks import BOUND, children_of, wait_for
 
 # --- hostile clients and upstreams (issue 10) ------------------------------------------------
 
@@ -314,25 +314,6 @@ def read_until_closed(sock: socket.socket) -> tuple[bytes, str]:
         if not chunk:
             return received, "eof"
         received += chunk
-
-
-def children_of(pid: int) -> dict[int, str]:
-    """The processes (zombies included) whose parent is ``pid``, with their command lines."""
-    found: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
-                stat = handle.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        fields_after = stat.rpartition(")")[2].split()
-        if len(fields_after) > 1 and fields_after[1] == str(pid):
-            found[int(entry)] = cmdline
-    return found
 
 
 def log_events(edge: EdgeProcess, event: str) -> list[dict[str, Any]]:

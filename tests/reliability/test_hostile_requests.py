@@ -38,11 +38,11 @@ import pytest
 from iop_edge.config import load_config, parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.supervisor import SupervisorOptions
+from iop_edge.testing.leaks import children_of
 from tests.helpers import BOUND, FAKE_CLI, dump, process_gone, rename_save, wait_for
 from tests.reliability.harness import (
     EdgeProcess,
     ThreadedUpstream,
-    children_of,
     config_validate,
     edge_at_rest,
     edge_metrics,
