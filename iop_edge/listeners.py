@@ -137,6 +137,7 @@ class ConnectionGuard(asyncio.Protocol):
         "_task",
         "_task_cancelling",
         "_timer_kind",
+        "body_timed_out",
         "transport",
     )
 
@@ -149,6 +150,8 @@ class ConnectionGuard(asyncio.Protocol):
         self._task: asyncio.Task[Any] | None = None
         self._task_cancelling = 0
         self._stall_pending = False
+        #: set when the body timer cut the connection (the handler logs 408 body_timeout)
+        self.body_timed_out = False
 
     # -- transport callbacks -----------------------------------------------------------------
 
@@ -248,6 +251,11 @@ class ConnectionGuard(asyncio.Protocol):
             self.transport.abort()
 
     @property
+    def header_timeout(self) -> float:
+        """Seconds a client has to send a request head, or the rest of a body."""
+        return self._listener.limits.header_timeout
+
+    @property
     def write_timeout(self) -> float:
         """Seconds a client may take no data while data waits for it."""
         return self._listener.limits.write_timeout
@@ -288,6 +296,7 @@ class ConnectionGuard(asyncio.Protocol):
 
     def _body_timed_out(self) -> None:
         self._cancel_timer, self._timer_kind = None, ""
+        self.body_timed_out = True
         listener = self._listener
         listener.header_timeouts += 1
         listener.warn(

@@ -340,6 +340,9 @@ async def test_a_body_that_stops_arriving_is_cut_at_header_timeout(log_stream):
         assert clock.armed == []
     [warning] = logged(log_stream, "body_timeout")
     assert (warning["level"], warning["listener"]) == ("warning", "openai")
+    cut = logged(log_stream, "request")[0]
+    assert (cut["status"], cut["code"]) == (408, "body_timeout")
+    assert cut["error"].startswith("the client did not send the rest of its request body")
 
 
 async def test_a_head_completed_in_time_disarms_the_head_timer_for_good():

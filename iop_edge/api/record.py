@@ -37,6 +37,9 @@ class RequestRecord:
     resolved: bool = False
     #: how the upstream failed: ``upstream_error``, ``upstream_timeout`` or ``http_<status>``
     upstream_failure: str | None = None
+    #: status and code logged if the handler is cancelled: the client left, unless the edge
+    #: itself cut the connection (a body that stopped arriving)
+    cancelled_as: tuple[int, str] = (499, "client_gone")
 
     def log_fields(self) -> dict[str, Any]:
         """The fields of the request's log line (never a raw token)."""

@@ -183,7 +183,7 @@ class OpenAIServer:
             return _error_response(exc, record.request_id, record.provider)
         except asyncio.CancelledError:
             record.status, record.code = (
-                (503, "drain_timeout") if self.cutting else (499, "client_gone")
+                (503, "drain_timeout") if self.cutting else record.cancelled_as
             )
             raise
         except Exception as exc:
@@ -230,6 +230,15 @@ class OpenAIServer:
                 "bytes, openai.max_body_bytes).",
                 status=413,
             ) from None
+        except asyncio.CancelledError:
+            if guard is not None and guard.body_timed_out:
+                record.cancelled_as = (408, "body_timeout")
+                record.error = (
+                    "the client did not send the rest of its request body within "
+                    f"{guard.header_timeout:g} s (openai.header_timeout_ms); the edge closed "
+                    "the connection"
+                )
+            raise
         finally:
             if guard is not None:
                 guard.body_received()

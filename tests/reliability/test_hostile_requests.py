@@ -449,7 +449,9 @@ async def slowloris_after_keepalive(h: Hostile) -> None:
 async def slow_body(h: Hostile) -> None:
     """A client sends a whole request head, then its body a byte at a time (R.U.D.Y.): the
     connection is closed once ``header_timeout_ms`` has passed since the handler began to
-    wait for the body, with one ``body_timeout`` warning; nothing reached the scheduler."""
+    wait for the body, with one ``body_timeout`` warning, and the request logs 408
+    ``body_timeout`` (the edge cut it; the client did not leave); nothing reached the
+    scheduler."""
     before = (await edge_status(h.edge))["counters"]["submitted"]
     headers = [(b"Authorization", BEARER), JSON, (b"X-Request-Id", b"slow-body")]
     announced = raw_request("POST", "/v1/chat/completions", headers, b" " * 4096)
@@ -462,7 +464,8 @@ async def slow_body(h: Hostile) -> None:
     warning = await wait_for_log(h.edge, "body_timeout")
     assert (warning["listener"], warning["count"]) == ("openai", 1)
     line = await wait_for_log(h.edge, "request", request_line("slow-body"))
-    assert (line["status"], line["code"]) == (499, "client_gone")
+    assert (line["status"], line["code"]) == (408, "body_timeout")  # the edge's cut, named
+    assert "openai.header_timeout_ms" in line["error"]
     assert (await edge_status(h.edge))["counters"]["submitted"] == before
 
 
