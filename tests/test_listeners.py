@@ -30,13 +30,14 @@ from aiohttp import web
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.listeners import REFUSAL_LINGER, Listener
-from iop_edge.logs import configure_logging
 from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import BOUND, FAKE_CLI, process_gone, wait_for
 from tests.reliability.harness import raw_exchange, raw_request
 from tests.reliability.test_client_faults import FRAME_CONTENT, EndlessUpstream
+
+pytestmark = pytest.mark.usefixtures("log_stream")  # the edge's log, off the terminal
 
 START = 100.0
 """Where the fake clock starts: the listeners' deadlines are exact sums from here."""
@@ -107,14 +108,6 @@ async def running(doc: dict[str, Any], clock: FakeClock) -> AsyncIterator[Daemon
         yield daemon
     finally:
         await daemon.stop()
-
-
-@pytest.fixture(autouse=True)
-def log_stream() -> io.StringIO:
-    """Every structured log line the edge writes during the test."""
-    stream = io.StringIO()
-    configure_logging("info", "json", stream)
-    return stream
 
 
 @pytest.fixture

@@ -58,14 +58,6 @@ CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=BOUND)
 HELLO = [{"role": "user", "content": "hello edge"}]
 
 
-@pytest.fixture
-def log_stream() -> io.StringIO:
-    """Every structured log line an in-process daemon writes during the test."""
-    stream = io.StringIO()
-    configure_logging("info", "json", stream)
-    return stream
-
-
 def events(text: str, name: str | None = None) -> list[dict[str, Any]]:
     """The JSON events of a log (every one, or those named ``name``)."""
     found = []

@@ -34,15 +34,15 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from iop_edge.config import parse_config
 from iop_edge.config.refresh import refresh
 from iop_edge.daemon import Daemon
-from iop_edge.logs import configure_logging, flush_logs
-from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
+from iop_edge.logs import flush_logs
+from iop_edge.supervisor import Supervisor, SupervisorOptions
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
+from tests import helpers
 from tests.helpers import doc_for, dump, rename_save, wait_for
 
 #: ``iop_edge.config_file.MAX_FILE_BYTES`` as the README states it (written out, not imported,
@@ -108,29 +108,12 @@ def hostile_errors(kind: str, text: str) -> list[tuple[str, str]]:
     ]
 
 
-class Edge:
-    """A running daemon on ``path``, seen only through its public views."""
+class Edge(helpers.Edge):
+    """A running daemon on ``path``, seen only through its public views, and its log."""
 
     def __init__(self, daemon: Daemon, path: Path, log: io.StringIO) -> None:
-        self.daemon = daemon
-        self.path = path
+        super().__init__(daemon, path)
         self.log = log
-        self.seen: RefreshRecord | None = None
-
-    @property
-    def supervisor(self) -> Supervisor:
-        assert self.daemon.supervisor is not None
-        return self.daemon.supervisor
-
-    async def next_record(self) -> RefreshRecord:
-        """The next finished refresh (``supervisor.last`` once it changes). Tests wait for
-        each record before the next trigger and check the whole sequence in the log at the
-        end (:meth:`refreshes`), so none is skipped unseen."""
-        before = self.seen
-        await wait_for(lambda: self.supervisor.last is not before)
-        self.seen = self.supervisor.last
-        assert self.seen is not None
-        return self.seen
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """Every log line of event ``name`` so far (lines still queued are written first)."""
@@ -146,19 +129,6 @@ class Edge:
     def refreshes(self) -> list[tuple[str, str]]:
         """(trigger, result) of every refresh the log reports, in order."""
         return [(e["trigger"], e["result"]) for e in self.events("config_refresh")]
-
-    def capacity(self) -> int:
-        stats = self.daemon.scheduler.statistics()
-        return next(p.capacity for p in stats.providers if p.provider_id == "cat")
-
-    async def metrics(self) -> dict[str, float]:
-        async with aiohttp.ClientSession() as session, session.get(self.daemon.metrics_url) as r:
-            text = await r.text()
-        return {
-            f"{s.name}{sorted(s.labels.items())}" if s.labels else s.name: s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
 
     async def admin_refresh(self, mode: str = "apply") -> dict[str, Any]:
         """The JSON body of ``POST /admin/config/refresh``, once its status and content type
@@ -191,14 +161,6 @@ class Edge:
 
 def reloads(trigger: str, result: str) -> str:
     return f"iop_edge_config_reloads_total[('result', '{result}'), ('trigger', '{trigger}')]"
-
-
-@pytest.fixture
-def log_stream() -> io.StringIO:
-    """Every structured log line the edge writes during the test."""
-    stream = io.StringIO()
-    configure_logging("info", "json", stream)
-    return stream
 
 
 async def watch_registered() -> None:

@@ -10,6 +10,17 @@ import pytest
 from iop_edge.config import ConfigError, EdgeConfig, parse_config
 from iop_edge.errors import ConfigProblem
 
+#: The smallest valid config as text: the echo model on a `cat` cli provider.
+MINIMAL_YAML = """\
+models:
+  - {id: echo, context_window_tokens: 8192, providers: [cat]}
+nodes:
+  - id: local
+    adapters: [{name: shell, type: cli, command: cat}]
+    providers:
+      - {id: cat, type: cli, category: cli, adapter: shell, models: [echo]}
+"""
+
 HASH_A = "a" * 64
 HASH_B = "b" * 64
 

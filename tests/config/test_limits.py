@@ -27,17 +27,8 @@ from iop_edge.config.load import parse_yaml
 from iop_edge.config.redact import REDACTED
 from iop_edge.config.refresh import refresh
 from iop_edge.config_file import MAX_FILE_BYTES, load_config_file, snapshot_config_file
-from tests.config.helpers import base_doc, load, node, problems
+from tests.config.helpers import MINIMAL_YAML, base_doc, load, node, problems
 
-MINIMAL_YAML = """\
-models:
-  - {id: echo, context_window_tokens: 8192, providers: [cat]}
-nodes:
-  - id: local
-    adapters: [{name: shell, type: cli, command: cat}]
-    providers:
-      - {id: cat, type: cli, category: cli, adapter: shell, models: [echo]}
-"""
 #: The line of the first key added after MINIMAL_YAML.
 NEXT_LINE = 8
 #: Deep enough to overflow Python's recursion limit in the old loader (issue 10 saw 500–1000),

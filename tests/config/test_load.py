@@ -10,19 +10,9 @@ import pytest
 from iop_edge.config import ConfigError, dump_config, load_config, parse_config
 from iop_edge.config.load import expand_env
 from iop_edge.errors import ConfigProblem
-from tests.config.helpers import base_doc, load, problem_at, provider
+from tests.config.helpers import MINIMAL_YAML, base_doc, load, problem_at, provider
 
 ROOT = Path(__file__).resolve().parents[2]
-
-MINIMAL_YAML = """\
-models:
-  - {id: echo, context_window_tokens: 8192, providers: [cat]}
-nodes:
-  - id: local
-    adapters: [{name: shell, type: cli, command: cat}]
-    providers:
-      - {id: cat, type: cli, category: cli, adapter: shell, models: [echo]}
-"""
 
 
 def load_problems(

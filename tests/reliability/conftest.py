@@ -7,17 +7,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from iop_edge.logs import configure_logging
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
 
 
 @pytest.fixture(autouse=True)
-def log_stream() -> io.StringIO:
-    """Every structured log line the edge writes during the test (kept off the terminal)."""
-    stream = io.StringIO()
-    configure_logging("info", "json", stream)
-    return stream
+def _logs_captured(log_stream: io.StringIO) -> None:
+    """Every reliability test captures the edge's log (kept off the terminal)."""
 
 
 @pytest.fixture
