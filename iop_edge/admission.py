@@ -4,7 +4,13 @@
 :class:`iop_edge.seams.Clock` and one timer. ``await admit(group)`` returns a :class:`Lease`
 (dispatched at once, or after waiting in the queue) or raises
 :class:`iop_edge.errors.AdmissionError`. All state lives in the pure core; this module resolves
-futures from its decisions and keeps the timer armed no later than the nearest deadline.
+futures from its decisions and keeps the timer armed no later than the nearest deadline or
+health timer.
+
+Health (SPEC §5.1): a lease carries how its attempt ended (:meth:`Lease.succeeded`,
+:meth:`Lease.failed`) into its release; :meth:`AdmissionScheduler.failover` releases a failed
+attempt and waits for a slot on another provider. Probes the core asks for run as tasks through
+the injected ``prober``; health events go to the injected ``on_health``.
 
 Cancellation safety: a cancelled waiter leaves the queue as soon as its task runs (counted as
 ``client_gone``); a slot granted to a waiter that was cancelled in the same tick is released at
@@ -15,14 +21,20 @@ is needed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 
 from iop_edge.errors import AdmissionError
 from iop_edge.pool import (
+    OK,
+    PROBE,
     Decision,
     Dispatch,
+    Failure,
+    HealthEvent,
+    Outcome,
     PendingRequest,
     PoolPolicy,
     PoolScheduler,
@@ -32,7 +44,14 @@ from iop_edge.pool import (
     RequestState,
     SlotLease,
 )
-from iop_edge.seams import Clock
+from iop_edge.seams import Clock, Prober, ProbeResult
+
+HealthListener = Callable[[ProviderKey | str, HealthEvent], None]
+"""Told each health event: of a provider ``(node, id)``, or of a model group (its id)."""
+
+
+async def _no_prober(key: ProviderKey) -> ProbeResult:
+    return False, "no health check is wired to this scheduler"
 
 
 class MonotonicClock:
@@ -81,14 +100,17 @@ class Lease:
 
     ``async with lease:`` releases on exit, whatever happens inside; :meth:`release` may be
     called directly (from a ``finally``, a callback). A second release is an ignored no-op,
-    counted in ``statistics().double_releases``.
+    counted in ``statistics().double_releases``. Before releasing, say how the attempt ended
+    for the provider's health: :meth:`succeeded` or :meth:`failed` (neither: the client left,
+    nothing was learnt about the provider).
     """
 
-    __slots__ = ("_admission", "_slot_lease")
+    __slots__ = ("_admission", "_outcome", "_slot_lease")
 
     def __init__(self, admission: AdmissionScheduler, slot_lease: SlotLease) -> None:
         self._admission = admission
         self._slot_lease = slot_lease
+        self._outcome: Outcome = None
 
     @property
     def node_id(self) -> str:
@@ -120,9 +142,17 @@ class Lease:
         """Whether the slot has been given back."""
         return self._slot_lease.released
 
+    def succeeded(self) -> None:
+        """The provider answered (its answer, or a 4xx of the client's making)."""
+        self._outcome = OK
+
+    def failed(self, failure: Failure) -> None:
+        """The provider failed after the client got its first byte (no failover then)."""
+        self._outcome = failure
+
     def release(self) -> None:
         """Give the slot back (to the oldest pending request that can use it). Idempotent."""
-        self._admission._release(self._slot_lease)
+        self._admission._release(self._slot_lease, self._outcome)
 
     async def __aenter__(self) -> Lease:
         return self
@@ -143,15 +173,26 @@ class AdmissionScheduler:
     """Admission control for the event loop: leases on provider slots, a bounded queue.
 
     ``clock`` defaults to :class:`MonotonicClock`; tests pass a
-    :class:`iop_edge.testing.clock.FakeClock`.
+    :class:`iop_edge.testing.clock.FakeClock`. ``prober`` runs a provider's health check when
+    the core asks for one; ``on_health`` is told every health event (to log it).
     """
 
-    def __init__(self, policy: PoolPolicy, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        policy: PoolPolicy,
+        *,
+        clock: Clock | None = None,
+        prober: Prober = _no_prober,
+        on_health: HealthListener | None = None,
+    ) -> None:
         self._core = PoolScheduler(policy)
         self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._prober = prober
+        self._on_health = on_health
         self._waiters: dict[PendingRequest, asyncio.Future[Lease]] = {}
         self._timer_at: float | None = None
         self._cancel_timer: Callable[[], None] | None = None
+        self._probes: set[asyncio.Task[None]] = set()
 
     @property
     def policy(self) -> PoolPolicy:
@@ -182,6 +223,46 @@ class AdmissionScheduler:
         submission = self._core.submit(group_id, long_context=long_context, now=self._clock.now())
         request = submission.request
         self._settle(submission.decisions, own=request)
+        return await self._outcome_of(request)
+
+    async def failover(self, lease: Lease, failure: Failure) -> Lease | None:
+        """The attempt holding ``lease`` failed before the client got a byte: release it with
+        ``failure`` and wait for a slot on a provider the request has not tried.
+
+        Returns ``None`` when there is no retry (attempts used up, no untried candidate, or the
+        last one went away while the request waited): the caller returns the failed
+        attempt's error. Raises :class:`AdmissionError` like :meth:`admit` (``queue_timeout``
+        counts from the request's arrival).
+        """
+        result = self._core.fail(lease._slot_lease, failure, self._clock.now())
+        request = result.request
+        self._settle(result.decisions, own=request)
+        if not result.retried:
+            return None
+        try:
+            return await self._outcome_of(request)
+        except AdmissionError as exc:
+            if exc.reason == "no_available_provider":
+                return None
+            raise
+
+    def apply_policy(self, policy: PoolPolicy) -> None:
+        """Swap the policy live (SPEC §4): waiters are dispatched or failed at once."""
+        self._settle(self._core.apply_policy(policy, self._clock.now()))
+
+    async def aclose(self) -> None:
+        """Stop the health probes still running."""
+        probes = list(self._probes)
+        for task in probes:
+            task.cancel()
+        for task in probes:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- internals --------------------------------------------------------------------------
+
+    async def _outcome_of(self, request: PendingRequest) -> Lease:
+        """The lease ``request`` got, or its rejection raised, waiting while it is pending."""
         if request.state is RequestState.DISPATCHED:
             assert request.lease is not None
             return Lease(self, request.lease)
@@ -196,14 +277,8 @@ class AdmissionScheduler:
             self._abandon(request, waiter)
             raise
 
-    def apply_policy(self, policy: PoolPolicy) -> None:
-        """Swap the policy live (SPEC §4): waiters are dispatched or failed at once."""
-        self._settle(self._core.apply_policy(policy, self._clock.now()))
-
-    # -- internals --------------------------------------------------------------------------
-
-    def _release(self, slot_lease: SlotLease) -> None:
-        self._settle(self._core.release(slot_lease, self._clock.now()))
+    def _release(self, slot_lease: SlotLease, outcome: Outcome = None) -> None:
+        self._settle(self._core.release(slot_lease, self._clock.now(), outcome))
 
     def _abandon(self, request: PendingRequest, waiter: asyncio.Future[Lease]) -> None:
         """The waiting task ended without taking its result (cancelled, most likely)."""
@@ -233,7 +308,28 @@ class AdmissionScheduler:
             elif alive:
                 assert waiter is not None
                 waiter.set_exception(_admission_error(decision))
+        if self._core.has_events:
+            self._notify()
         self._rearm()
+
+    def _notify(self) -> None:
+        """Start the probes the core asked for; pass its health events on."""
+        for subject, event in self._core.take_events():
+            if event == PROBE:
+                assert isinstance(subject, tuple)
+                task = asyncio.get_running_loop().create_task(self._probe(subject))
+                self._probes.add(task)
+                task.add_done_callback(self._probes.discard)
+            elif self._on_health is not None:
+                assert isinstance(event, HealthEvent)
+                self._on_health(subject, event)
+
+    async def _probe(self, key: ProviderKey) -> None:
+        try:
+            ok, reason = await self._prober(key)
+        except Exception as exc:  # a prober's bug must not leave the provider unprobed
+            ok, reason = False, f"the probe failed: {type(exc).__name__}"
+        self._settle(self._core.probed(key, ok, reason, self._clock.now()))
 
     def _rearm(self) -> None:
         """Keep one timer armed no later than the nearest deadline.
@@ -241,7 +337,7 @@ class AdmissionScheduler:
         A timer armed earlier than needed (its request left the queue) is kept and simply fires
         for nothing, which is cheaper than re-arming on every dispatch.
         """
-        deadline = self._core.next_deadline()
+        deadline = self._core.next_event()
         if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
             return
         if self._cancel_timer is not None:

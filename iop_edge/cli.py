@@ -344,14 +344,40 @@ def format_status(status: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines.append("")
     lines += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
+    for p in status["providers"]:
+        lines += _health_lines(p)
+    for model in status.get("models", ()):
+        if model["panic"]:
+            lines.append(
+                f"model {model['id']}: PANIC - every enabled provider is ejected; health is "
+                "ignored for it until one recovers"
+            )
     counters = status["counters"]
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(counters["rejected"].items()) if v)
     lines.append("")
     lines.append(
         f"admitted {counters['admitted']}, released {counters['released']}, "
-        f"rejected: {rejected or 'none'}"
+        f"failovers {counters.get('failovers', 0)}, rejected: {rejected or 'none'}"
     )
     return "\n".join(lines)
+
+
+def _health_lines(provider: dict[str, Any]) -> list[str]:
+    """What an operator needs about a provider that is not plainly healthy."""
+    name = f"{provider['node']}/{provider['id']}"
+    lines = []
+    if provider.get("ejected_until"):
+        lines.append(
+            f"{name}: ejected until {provider['ejected_until']} after "
+            f"{provider['consecutive_failures']} consecutive failure(s)"
+        )
+    elif provider.get("half_open"):
+        lines.append(f"{name}: half-open, the next request is a trial")
+    if provider.get("held_until"):
+        lines.append(f"{name}: held out until {provider['held_until']} (429 Retry-After)")
+    if lines and provider.get("last_failure"):
+        lines.append(f"  last failure: {provider['last_failure']}")
+    return lines
 
 
 def cmd_token_new(args: argparse.Namespace) -> int:

@@ -44,6 +44,7 @@ from iop_edge.listeners import (
 )
 from iop_edge.logs import Logger, RequestLineWriter, flush_logs, get_logger
 from iop_edge.metrics import EdgeMetrics
+from iop_edge.pool import HealthEvent, ProviderKey
 from iop_edge.seams import Clock
 from iop_edge.supervisor import Supervisor, SupervisorOptions, status_line
 from iop_edge.systemd import Notifier
@@ -86,8 +87,13 @@ class Daemon:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
-        self.scheduler = AdmissionScheduler(pool_policy(self.config), clock=self.clock)
         self.adapters = NodeAdapters.from_config(self.config)
+        self.scheduler = AdmissionScheduler(
+            pool_policy(self.config),
+            clock=self.clock,
+            prober=self.adapters.probe,
+            on_health=self._log_health,
+        )
         self.metrics = EdgeMetrics(
             self.registry,
             self.scheduler.statistics,
@@ -122,6 +128,44 @@ class Daemon:
         catalog = build_catalog(config, created=int(time.time()))
         self.scheduler.apply_policy(policy)
         self.server.swap_catalog(catalog)
+
+    def _log_health(self, subject: ProviderKey | str, event: HealthEvent) -> None:
+        """One log line per health event (SPEC §5.1): ejections, recoveries, panics."""
+        if isinstance(subject, str):
+            if event.kind == "panic":
+                self.log.warning(
+                    "model_panic",
+                    model=subject,
+                    message="every enabled provider of this model group is ejected: health is "
+                    "ignored for it (requests go to all of them) until one recovers",
+                )
+            else:
+                self.log.info("model_panic_over", model=subject)
+            return
+        node, provider = subject
+        left = None if event.until is None else round(event.until - self.clock.now(), 3)
+        if event.kind == "ejected":
+            self.log.warning(
+                "provider_ejected",
+                node=node,
+                provider=provider,
+                consecutive_failures=event.failures,
+                reason=event.reason,
+                ejected_for_s=left,
+            )
+        elif event.kind == "held":
+            self.log.info(
+                "provider_held", node=node, provider=provider, held_for_s=left, reason=event.reason
+            )
+        elif event.kind == "half_open":
+            self.log.info(
+                "provider_half_open",
+                node=node,
+                provider=provider,
+                message="the ejection ran out with no probe verdict: the next request is a trial",
+            )
+        else:
+            self.log.info("provider_recovered", node=node, provider=provider, via=event.via)
 
     # -- addresses ---------------------------------------------------------------------------
 
@@ -167,7 +211,7 @@ class Daemon:
         if config.metrics.enabled:
             await self._bind("metrics", self._metrics_app(), config.metrics.listen, admin_limits)
         if config.console.enabled and self.supervisor is not None:
-            admin = AdminAPI(config.edge.id, self.supervisor, self.scheduler)
+            admin = AdminAPI(config.edge.id, self.supervisor, self.scheduler, clock=self.clock)
             await self._bind("console", admin.build_app(), config.console.listen, admin_limits)
         if self.supervisor is not None:
             self.supervisor.start(watch=self.watch)
@@ -230,6 +274,7 @@ class Daemon:
         # CLI process groups cancelled at the cut get SIGTERM, and SIGKILL after the grace if
         # they linger: waiting for that may pass the deadline when the drain is shorter than
         # four graces, never by more than one.
+        await self.scheduler.aclose()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(max(deadline, loop.time() + KILL_GRACE_SECONDS + 0.5)):
                 await self.adapters.aclose()

@@ -25,6 +25,10 @@ AdmissionReason = Literal[
 ]
 #: How an upstream call failed.
 AdapterCode = Literal["upstream_error", "upstream_timeout"]
+#: What went wrong with one attempt on a provider, for its health and the failover metric
+#: (:mod:`iop_edge.pool.health`): ``protocol`` is an answer that broke off or broke the
+#: protocol after it started.
+FailureKind = Literal["connect", "timeout", "status_5xx", "status_429", "exit", "protocol"]
 #: Why a request has no valid principal or credential (401).
 AuthCode = Literal[
     "invalid_api_key", "provider_auth_required", "invalid_provider_auth", "invalid_admin_token"
@@ -81,11 +85,27 @@ class AdmissionError(IopEdgeError):
 
 
 class AdapterError(IopEdgeError):
-    """An upstream call failed. ``code`` is ``upstream_error`` or ``upstream_timeout``."""
+    """An upstream call failed. ``code`` is ``upstream_error`` or ``upstream_timeout``.
 
-    def __init__(self, code: AdapterCode, message: str, *, status: int = 502) -> None:
+    ``failure`` is how the provider failed (``None``: not the provider's doing, e.g. the
+    adapter was closed by a stop); ``failover`` is true when it failed before answering
+    anything (connect error, timeout before the response head, a CLI that could not start or
+    exited before any output), so the request may be retried on another provider.
+    """
+
+    def __init__(
+        self,
+        code: AdapterCode,
+        message: str,
+        *,
+        status: int = 502,
+        failure: FailureKind | None = "protocol",
+        failover: bool = False,
+    ) -> None:
         self.code = code
         self.status = status
+        self.failure = failure
+        self.failover = failover
         super().__init__(message)
 
 

@@ -85,6 +85,26 @@ class StateCollector(Collector):
             "1 when the provider is a dispatch candidate.",
             labels=["node", "provider"],
         )
+        up = GaugeMetricFamily(
+            "iop_edge_provider_up",
+            "1 unless the provider is ejected by its health (held out by a 429 counts as up).",
+            labels=["node", "provider"],
+        )
+        ejections = CounterMetricFamily(
+            "iop_edge_provider_ejections",
+            "Times the provider was ejected (or its ejection renewed) for failing.",
+            labels=["node", "provider"],
+        )
+        probes = CounterMetricFamily(
+            "iop_edge_health_probes",
+            "Health checks of ejected providers, by result.",
+            labels=["node", "provider", "result"],
+        )
+        panic = GaugeMetricFamily(
+            "iop_edge_model_panic",
+            "1 while every enabled provider of the model group is ejected (health ignored).",
+            labels=["model"],
+        )
         for p in stats.providers:
             general = p.in_flight - p.long_in_flight
             in_flight.add_metric([p.node_id, p.provider_id, "general"], general)
@@ -92,9 +112,20 @@ class StateCollector(Collector):
             capacity.add_metric([p.node_id, p.provider_id, "general"], p.capacity)
             capacity.add_metric([p.node_id, p.provider_id, "long"], p.long_context_capacity)
             enabled.add_metric([p.node_id, p.provider_id], 1 if p.enabled else 0)
+            ejected = p.ejected_until is not None or p.half_open
+            up.add_metric([p.node_id, p.provider_id], 0 if ejected else 1)
+            ejections.add_metric([p.node_id, p.provider_id], p.ejections)
+            probes.add_metric([p.node_id, p.provider_id, "ok"], p.probes_ok)
+            probes.add_metric([p.node_id, p.provider_id, "failed"], p.probes_failed)
+        for group in stats.groups:
+            panic.add_metric([group.group_id], 1 if group.panic else 0)
         yield in_flight
         yield capacity
         yield enabled
+        yield up
+        yield ejections
+        yield probes
+        yield panic
         supervisor = self._supervisor()
         if supervisor is None:
             return
@@ -220,6 +251,13 @@ class EdgeMetrics:
             ["model", "token_ref", "direction"],
             registry=registry,
         )
+        self.failovers = Counter(
+            "iop_edge_failovers",
+            "Requests retried on another provider after an attempt failed before the client's "
+            "first byte, by model and what failed.",
+            ["model", "reason"],
+            registry=registry,
+        )
         self.reloads = Counter(
             "iop_edge_config_reloads",
             "Config refreshes, by trigger and result.",
@@ -258,6 +296,9 @@ class EdgeMetrics:
             self.upstream_errors.labels(
                 record.node or "", record.provider, record.upstream_failure
             ).inc()
+        for node, provider, reason, code in record.failovers:
+            self.failovers.labels(model, reason).inc()
+            self.upstream_errors.labels(node, provider, code).inc()
         usage = record.usage
         if usage.prompt_tokens:
             children.prompt_tokens.inc(usage.prompt_tokens)

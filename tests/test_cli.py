@@ -96,8 +96,22 @@ def test_show_prints_the_effective_config_with_secrets_redacted():
     shown = yaml.safe_load(result.stdout)
     hosted = next(a for a in shown["nodes"][0]["adapters"] if a["name"] == "hosted-api")
     assert hosted["headers"] == {"Authorization": "<redacted>"}
-    assert shown["provider_pool"] == {"max_queue": 16, "queue_timeout_ms": 30000}
+    assert shown["provider_pool"] == {
+        "max_queue": 16,
+        "queue_timeout_ms": 30000,
+        "failover": {"max_attempts": 2},
+        "health": {
+            "failure_threshold": 3,
+            "eject_ms": 10000,
+            "max_eject_ms": 300000,
+            "probe_interval_ms": 2000,
+        },
+    }
     assert shown["models"][0]["providers"][0] == {"id": "vllm-a", "target": "qwen3-32b"}
+    # Every provider shows its effective health check: the type's default when omitted.
+    checks = {p["id"]: p["health_check"] for n in shown["nodes"] for p in n["providers"]}
+    assert checks["vllm-a"] == {"path": "/models", "timeout_ms": 2000}
+    assert all(c is False or c["path"] in ("/models", "/api/tags") for c in checks.values())
 
 
 def test_payload_prints_one_node_as_json():

@@ -93,13 +93,15 @@ class UpstreamReply:
     ``status`` 200, else an error envelope ``{"error": {"message", "type", "param", "code"}}``
     carrying the upstream's own status (400–599). ``detail`` says, for the edge's log only,
     what the upstream answered (its status line and the start of its body, which the client
-    does not see when it was not an OpenAI error).
+    does not see when it was not an OpenAI error). ``retry_after``: the seconds a 429's
+    ``Retry-After`` header asked for.
     """
 
     status: int
     body: bytes
     usage: Usage
     detail: str | None = None
+    retry_after: float | None = None
 
 
 @dataclass(slots=True)

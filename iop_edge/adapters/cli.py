@@ -191,12 +191,14 @@ class CliExecutor:
         self._format = output_format
         self._timeout_ms = timeout_ms
 
-    def _timeout(self) -> AdapterError:
+    def _timeout(self, run: CliRun) -> AdapterError:
         return AdapterError(
             "upstream_timeout",
             f"{self._label} did not finish within request_timeout_ms={self._timeout_ms}; "
             "its process group was killed",
             status=504,
+            failure="timeout",
+            failover=run.silent,
         )
 
     def _malformed(self, run: CliRun, exc: MalformedOutput) -> AdapterError:
@@ -228,7 +230,7 @@ class CliExecutor:
         except BaseException as exc:
             run.abort()
             if isinstance(exc, TimeoutError):
-                raise self._timeout() from exc
+                raise self._timeout(run) from exc
             if isinstance(exc, MalformedOutput):
                 raise self._malformed(run, exc) from exc
             raise

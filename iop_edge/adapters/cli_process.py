@@ -132,7 +132,9 @@ class CliRun:
         """Spawn ``argv`` in a new process group and start feeding it ``prompt``."""
         if tracker.closed:
             raise AdapterError(
-                "upstream_error", f"{label} is closed (the daemon is stopping); not started"
+                "upstream_error",
+                f"{label} is closed (the daemon is stopping); not started",
+                failure=None,
             )
         try:
             process = await asyncio.create_subprocess_exec(
@@ -145,7 +147,10 @@ class CliRun:
             )
         except OSError as exc:
             raise AdapterError(
-                "upstream_error", f"{label} could not be started: {exc.strerror or exc}"
+                "upstream_error",
+                f"{label} could not be started: {exc.strerror or exc}",
+                failure="exit",
+                failover=True,
             ) from exc
         run = cls(process, label, tracker)
         tracker.runs.add(run)
@@ -211,6 +216,11 @@ class CliRun:
         tail = bytes(self._stderr[-STDERR_TAIL_BYTES:])
         return tail.decode("utf-8", errors="replace").strip()
 
+    @property
+    def silent(self) -> bool:
+        """Nothing has come out of stdout yet."""
+        return self._output == 0
+
     async def read(self) -> bytes:
         """The next chunk of stdout as it arrives; ``b""`` at its end. The caller bounds it
         with its deadline; past :data:`MAX_OUTPUT_BYTES` in total it raises ``upstream_error``.
@@ -247,6 +257,8 @@ class CliRun:
         raise AdapterError(
             "upstream_error",
             f"{self.label} {how}; " + (f"stderr ends with: {tail}" if tail else "stderr is empty"),
+            failure="exit",
+            failover=self._output == 0,
         )
 
     # -- stopping ----------------------------------------------------------------------------

@@ -11,7 +11,8 @@ setting, and a provider enabled by a refresh must find its executor ready.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -20,8 +21,9 @@ from iop_edge.adapters.cli import CliExecutor
 from iop_edge.adapters.cli_process import CliTracker, minimal_env
 from iop_edge.adapters.ollama import OllamaExecutor
 from iop_edge.adapters.openai_compat import OpenAICompatExecutor
-from iop_edge.adapters.upstream_http import HttpBackend, HttpTarget, static_headers
+from iop_edge.adapters.upstream_http import HttpBackend, HttpTarget, probe, static_headers
 from iop_edge.config.payload import NodeConfigPayload, node_payload
+from iop_edge.seams import ProbeResult
 
 if TYPE_CHECKING:
     from iop_edge.config.schema import AdapterType, EdgeConfig, ExecutionFields
@@ -60,15 +62,24 @@ def build_executor(
             timeout_ms,
         )
     assert isinstance(backend, HttpBackend)
-    target = HttpTarget(
-        label=f"{kind} {label}",
-        base_url=execution.base_url,
-        headers=static_headers(execution.headers),
-        timeout_ms=timeout_ms,
-    )
+    target = http_target(kind, execution, label)
     if kind == "ollama":
         return OllamaExecutor(backend, target, execution.context_size)
     return OpenAICompatExecutor(backend, target, execution.endpoint)
+
+
+def http_target(kind: AdapterType, execution: ExecutionFields, label: str) -> HttpTarget:
+    """Where an HTTP executor (or a health check) of runtime type ``kind`` sends requests."""
+    return HttpTarget(
+        label=f"{kind} {label}",
+        base_url=execution.base_url,
+        headers=static_headers(execution.headers),
+        timeout_ms=request_timeout_ms(execution),
+    )
+
+
+Probe = Callable[[], Awaitable[ProbeResult]]
+"""One provider's health check, ready to run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +113,13 @@ class AdapterSet:
         backends: Mapping[str, Backend],
         by_provider: Mapping[str, Executor],
         by_adapter: Mapping[str, Executor],
+        probes: Mapping[str, Probe] | None = None,
     ) -> None:
         self.node_id = node_id
         self._backends = dict(backends)
         self._by_provider = dict(by_provider)
         self._by_adapter = dict(by_adapter)
+        self._probes = dict(probes or {})
 
     @classmethod
     def from_payload(cls, payload: NodeConfigPayload) -> AdapterSet:
@@ -134,6 +147,13 @@ class AdapterSet:
                 f"node {self.node_id!r} has no enabled adapter {adapter_name!r}; "
                 f"enabled adapters: {known}"
             ) from None
+
+    async def probe(self, provider_id: str) -> ProbeResult:
+        """Run the health check of a provider of this node (its ``health_check``)."""
+        check = self._probes.get(provider_id)
+        if check is None:
+            return False, f"provider {provider_id!r} of node {self.node_id!r} has no health check"
+        return await check()
 
     def statistics(self) -> tuple[AdapterStatistics, ...]:
         """One snapshot per enabled adapter instance of this node, in configuration order."""
@@ -179,6 +199,7 @@ def _build(payload: NodeConfigPayload) -> AdapterSet:
             adapter.type, backend, adapter.execution, f"adapter {adapter.name!r}"
         )
     by_provider: dict[str, Executor] = {}
+    probes: dict[str, Probe] = {}
     for provider in payload.providers:
         name = provider.adapter
         # Validation guarantees an enabled provider an enabled adapter of its own type (and a
@@ -186,13 +207,16 @@ def _build(payload: NodeConfigPayload) -> AdapterSet:
         # rather than a wrong one.
         if name is None or kinds.get(name) != provider.type:
             continue
-        by_provider[provider.id] = build_executor(
-            provider.type,
-            backends[name],
-            provider.execution,
-            f"provider {provider.id!r} (adapter {name!r})",
-        )
-    return AdapterSet(payload.node_id, backends, by_provider, by_adapter)
+        label = f"provider {provider.id!r} (adapter {name!r})"
+        backend = backends[name]
+        by_provider[provider.id] = build_executor(provider.type, backend, provider.execution, label)
+        check = provider.health_check
+        if check is not False and isinstance(backend, HttpBackend):
+            target = http_target(provider.type, provider.execution, label)
+            probes[provider.id] = functools.partial(
+                probe, backend, target, check.path, check.timeout_ms
+            )
+    return AdapterSet(payload.node_id, backends, by_provider, by_adapter, probes)
 
 
 class NodeAdapters:
@@ -212,6 +236,15 @@ class NodeAdapters:
     def provider(self, node_id: str, provider_id: str) -> Executor:
         """The executor of a provider (``KeyError`` names what exists when there is none)."""
         return self._sets[node_id].for_provider(provider_id)
+
+    async def probe(self, key: tuple[str, str]) -> ProbeResult:
+        """Run the health check of provider ``(node_id, provider_id)`` (a
+        :data:`iop_edge.seams.Prober`)."""
+        node_id, provider_id = key
+        adapter_set = self._sets.get(node_id)
+        if adapter_set is None:
+            return False, f"node {node_id!r} has no adapters"
+        return await adapter_set.probe(provider_id)
 
     def route(self, node_id: str, adapter: str) -> Executor:
         """The executor of a model route: adapter instance ``adapter`` of node ``node_id``."""

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import functools
+import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -40,6 +42,7 @@ from yarl import URL
 from iop_edge.adapters.base import UpstreamReply, UpstreamStream, Usage
 from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError
+from iop_edge.seams import ProbeResult
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -50,6 +53,7 @@ __all__ = [
     "LineTranslator",
     "ResponseTooLarge",
     "not_an_answer",
+    "probe",
     "read_capped",
     "redact_url",
     "relay_lines",
@@ -65,6 +69,7 @@ MAX_FRAME_BYTES: Final = 4 * 1024 * 1024
 
 _MAX_ERROR_BODY: Final = 64 * 1024
 _MAX_ERROR_DETAIL: Final = 500
+_MAX_PROBE_BODY: Final = 1024 * 1024
 """Characters of a non-OpenAI error body kept for the log line."""
 
 
@@ -104,6 +109,7 @@ class HttpBackend:
                 "upstream_error",
                 f"adapter {self.adapter_name!r} is closed (the node's adapters were replaced or "
                 "the daemon is stopping); the call was not sent",
+                failure=None,
             )
         session = self._session
         if session is None:
@@ -173,9 +179,20 @@ def static_headers(configured: Mapping[str, str] | None) -> CIMultiDictProxy[str
     return CIMultiDictProxy(headers)
 
 
-def upstream_error(target: HttpTarget, url: str, exc: BaseException) -> AdapterError:
-    """Map an exception met while talking to ``url`` to the adapter error an operator reads."""
-    where = f"{target.label} at POST {redact_url(url)}"
+def upstream_error(
+    target: HttpTarget,
+    url: str,
+    exc: BaseException,
+    *,
+    answered: bool = True,
+    method: str = "POST",
+) -> AdapterError:
+    """Map an exception met while talking to ``url`` to the adapter error an operator reads.
+
+    ``answered``: the response head had arrived. Before it, a connection failure or the
+    timeout may fail over to another provider (``failover``); after it, nothing does.
+    """
+    where = f"{target.label} at {method} {redact_url(url)}"
     if isinstance(exc, AdapterError):
         return exc
     if isinstance(exc, TimeoutError):
@@ -183,12 +200,25 @@ def upstream_error(target: HttpTarget, url: str, exc: BaseException) -> AdapterE
             "upstream_timeout",
             f"{where} did not finish within request_timeout_ms={target.timeout_ms}",
             status=504,
+            failure="timeout",
+            failover=not answered,
         )
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        reason = f"cannot connect: {exc.os_error.strerror or exc.os_error}"
-    elif isinstance(exc, aiohttp.ServerDisconnectedError):
-        reason = "the upstream closed the connection before answering"
-    elif isinstance(exc, aiohttp.ClientPayloadError):
+    if isinstance(exc, aiohttp.ClientConnectionError | ConnectionError) and not isinstance(
+        exc, aiohttp.ClientPayloadError
+    ):
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            reason = f"cannot connect: {exc.os_error.strerror or exc.os_error}"
+        elif isinstance(exc, aiohttp.ServerDisconnectedError):
+            reason = "the upstream closed the connection before answering"
+        else:
+            reason = f"the connection failed ({type(exc).__name__}: {exc})"
+        return AdapterError(
+            "upstream_error",
+            f"{where} failed: {reason}",
+            failure="connect",
+            failover=not answered,
+        )
+    if isinstance(exc, aiohttp.ClientPayloadError):
         reason = f"the response body was cut short ({exc})"
     elif isinstance(exc, HttpProcessingError):
         reason = f"the response is not valid HTTP or exceeds a size limit ({exc.message})"
@@ -295,6 +325,7 @@ async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamR
     it goes to the log.
     """
     status, reason = response.status, response.reason or ""
+    retry_after = parse_retry_after(response.headers.get("Retry-After")) if status == 429 else None
     raw = await read_capped_prefix(response, _MAX_ERROR_BODY)
     parsed: Any = None
     with contextlib.suppress(orjson.JSONDecodeError):
@@ -302,10 +333,11 @@ async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamR
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         detail = f"the upstream answered {status} {reason}: {_excerpt(error['message'])}"
-        return UpstreamReply(status, raw, Usage(), detail)
+        return UpstreamReply(status, raw, Usage(), detail, retry_after)
     if isinstance(error, str) and error:
         detail = f"the upstream answered {status} {reason}: {_excerpt(error)}"
-        return UpstreamReply(status, envelope(error, None, status=status), Usage(), detail)
+        body = envelope(error, None, status=status)
+        return UpstreamReply(status, body, Usage(), detail, retry_after)
     text = _excerpt(raw.decode("utf-8", errors="replace"))
     body = envelope(
         f"The upstream of {label} answered HTTP {status} with a body that is not an OpenAI "
@@ -314,7 +346,24 @@ async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamR
         status=status,
     )
     detail = f"the upstream answered {status} {reason}: {text or '(empty body)'}"
-    return UpstreamReply(status, body, Usage(), detail)
+    return UpstreamReply(status, body, Usage(), detail, retry_after)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delta-seconds or an HTTP date), or ``None``
+    when absent or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value[:9]))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _excerpt(text: str) -> str:
@@ -349,6 +398,34 @@ async def read_capped_prefix(response: aiohttp.ClientResponse, limit: int) -> by
     return b"".join(chunks)[:limit]
 
 
+async def probe(
+    backend: HttpBackend, target: HttpTarget, path: str, timeout_ms: int
+) -> ProbeResult:
+    """One health check: ``GET {base_url}{path}`` with the target's configured headers;
+    healthy on a 2xx answer within ``timeout_ms``. Never raises (but for a cancellation)."""
+    url = target.url(path.lstrip("/"))
+    where = f"{target.label}: the health check GET {redact_url(url)}"
+    try:
+        async with asyncio.timeout(timeout_ms / 1000):
+            response = await backend.session().get(
+                parsed_url(url), headers=target.headers, allow_redirects=False
+            )
+            try:
+                status = response.status
+                await read_capped_prefix(response, _MAX_PROBE_BODY)
+            finally:
+                response.close()
+    except TimeoutError:
+        return False, f"{where} did not answer within {timeout_ms} ms"
+    except AdapterError as exc:
+        return False, str(exc)
+    except (aiohttp.ClientError, OSError) as exc:
+        return False, str(upstream_error(target, url, exc, answered=False, method="GET"))
+    if 200 <= status < 300:
+        return True, None
+    return False, f"{where} answered HTTP {status}"
+
+
 async def post_for_body(
     backend: HttpBackend, target: HttpTarget, url: str, payload: bytes, extra: Mapping[str, str]
 ) -> bytes | UpstreamReply:
@@ -380,7 +457,7 @@ async def post_for_body(
     except AdapterError:
         raise
     except Exception as exc:
-        raise upstream_error(target, url, exc) from exc
+        raise upstream_error(target, url, exc, answered=response is not None) from exc
     finally:
         if response is not None:
             (response.release if finished else response.close)()
@@ -410,7 +487,7 @@ async def post_for_stream(
         if response is not None:
             response.close()
         if isinstance(exc, Exception) and not isinstance(exc, AdapterError):
-            raise upstream_error(target, url, exc) from exc
+            raise upstream_error(target, url, exc, answered=response is not None) from exc
         raise
     return response, deadline
 

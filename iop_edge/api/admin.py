@@ -1,7 +1,8 @@
 """The admin API on ``console.listen`` (loopback by default).
 
 - ``GET /admin/status``: the running config (hash, generation, restart-pending paths, the last
-  refresh) and the scheduler (queue depth, every provider's slots, the counters).
+  refresh) and the scheduler (queue depth, every provider's slots and health, each model
+  group's panic flag, the counters). Health times are wall-clock ISO 8601 (UTC).
 - ``POST /admin/config/refresh?mode=dry_run|apply``: read the config file and refresh; the
   answer is the refresh result (any other mode is ``rejected``).
 
@@ -15,6 +16,8 @@ reach it through DNS rebinding); a POST body declared JSON (415 ``unsupported_me
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -28,6 +31,8 @@ from iop_edge.api.guard import RequestGuard, install_log_scrubber, require_json_
 from iop_edge.config.schema import ConsoleSection
 from iop_edge.envelope import envelope
 from iop_edge.errors import IopEdgeError
+from iop_edge.pool import ProviderStatistics
+from iop_edge.seams import Clock
 from iop_edge.supervisor import Supervisor
 
 _JSON = "application/json"
@@ -46,10 +51,13 @@ class AdminAPI:
         supervisor: Supervisor,
         scheduler: AdmissionScheduler,
         console: ConsoleSection | None = None,
+        *,
+        clock: Clock,
     ) -> None:
         self.edge_id = edge_id
         self.supervisor = supervisor
         self.scheduler = scheduler
+        self.clock = clock
         section = console if console is not None else supervisor.running.console
         self.token = AdminTokenCheck(section)
         self.guard = RequestGuard(
@@ -95,29 +103,47 @@ class AdminAPI:
                 "max_queue": stats.max_queue,
                 "queue_timeout_ms": stats.queue_timeout_ms,
             },
-            "providers": [
-                {
-                    "node": p.node_id,
-                    "id": p.provider_id,
-                    "status": p.status,
-                    "health": p.health,
-                    "enabled": p.enabled,
-                    "capacity": p.capacity,
-                    "long_context_capacity": p.long_context_capacity,
-                    "in_flight": p.in_flight,
-                    "long_in_flight": p.long_in_flight,
-                    "priority": p.priority,
-                }
-                for p in stats.providers
+            "providers": [self._provider(p) for p in stats.providers],
+            "models": [
+                {"id": g.group_id, "providers": g.members, "panic": g.panic} for g in stats.groups
             ],
             "counters": {
                 "submitted": stats.submitted,
                 "admitted": stats.admitted,
                 "released": stats.released,
                 "double_releases": stats.double_releases,
+                "failovers": stats.failovers,
                 "rejected": dict(stats.rejected),
             },
         }
+
+    def _provider(self, p: ProviderStatistics) -> dict[str, Any]:
+        return {
+            "node": p.node_id,
+            "id": p.provider_id,
+            "status": p.status,
+            "health": p.health,
+            "enabled": p.enabled,
+            "capacity": p.capacity,
+            "long_context_capacity": p.long_context_capacity,
+            "in_flight": p.in_flight,
+            "long_in_flight": p.long_in_flight,
+            "priority": p.priority,
+            "consecutive_failures": p.consecutive_failures,
+            "last_failure": p.last_failure,
+            "ejected_until": self._wall(p.ejected_until),
+            "half_open": p.half_open,
+            "held_until": self._wall(p.held_until),
+            "ejections": p.ejections,
+            "probes": {"ok": p.probes_ok, "failed": p.probes_failed},
+        }
+
+    def _wall(self, when: float | None) -> str | None:
+        """A scheduler (monotonic) time as wall-clock ISO 8601, UTC, to the millisecond."""
+        if when is None:
+            return None
+        wall = time.time() + (when - self.clock.now())
+        return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds")
 
     async def status(self, request: web.Request) -> web.Response:
         """``GET /admin/status``."""

@@ -40,6 +40,14 @@ class RequestRecord:
     #: status and code logged if the handler is cancelled: the client left, unless the edge
     #: itself cut the connection (a body that stopped arriving)
     cancelled_as: tuple[int, str] = (499, "client_gone")
+    #: the attempts that failed over to another provider: (node, provider, failure kind,
+    #: upstream-errors code), in order
+    failovers: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def failed_over(self, kind: str, code: str) -> None:
+        """The attempt on the current provider failed before the client got a byte, and the
+        request goes on to another provider."""
+        self.failovers.append((self.node or "", self.provider or "", kind, code))
 
     def log_fields(self) -> dict[str, Any]:
         """The fields of the request's log line (never a raw token)."""
@@ -61,6 +69,8 @@ class RequestRecord:
             "prompt_tokens": self.usage.prompt_tokens,
             "completion_tokens": self.usage.completion_tokens,
             "error": self.error,
+            "attempts": 1 + len(self.failovers),
+            "failed_over": [f"{f[0]}/{f[1]}: {f[2]}" for f in self.failovers] or None,
         }
 
 

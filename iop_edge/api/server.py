@@ -3,8 +3,13 @@
 ``POST /v1/chat/completions`` and ``POST /v1/completions``: authenticate, read and check the body,
 resolve the model (a ``models[]`` group through the scheduler, or a fixed ``model_routes[]``
 entry), apply the generation policy, admit, execute on the provider's adapter, relay the answer,
-release the lease exactly once (``async with``), and record one log line. ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /healthz`` and ``GET /readyz`` answer from the current catalog.
+release the lease exactly once, and record one log line. An attempt that fails before the
+client got a byte (a connect error, a timeout before the response head, HTTP 429/500/502/503/
+504, a CLI that could not start or exited before any output) fails over to a provider the
+request has not tried (:meth:`AdmissionScheduler.failover`), up to
+``provider_pool.failover.max_attempts``; every attempt's outcome feeds its provider's health.
+``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /healthz`` and ``GET /readyz`` answer from
+the current catalog.
 
 Client disconnects cancel the handler (the runner is built with ``handler_cancellation``): a
 queued request leaves the queue, an upstream call is aborted (a CLI process group killed), and
@@ -30,7 +35,7 @@ from iop_edge.adapters.base import (
     UpstreamStream,
 )
 from iop_edge.adapters.registry import NodeAdapters
-from iop_edge.admission import AdmissionScheduler
+from iop_edge.admission import AdmissionScheduler, Lease
 from iop_edge.api.auth import Authenticator, ProviderAuthForwarder
 from iop_edge.api.bodies import Endpoint, parse_body, prepare
 from iop_edge.api.catalog import Catalog, build_catalog
@@ -50,6 +55,7 @@ from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError, IopEdgeError, RequestError
 from iop_edge.listeners import ConnectionGuard
 from iop_edge.logs import Logger, RequestLineWriter, structured_request_line
+from iop_edge.pool import Failure
 from iop_edge.seams import Clock
 
 _REQUEST_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -58,6 +64,20 @@ _REQUEST_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _ID_PREFIX: Final = os.urandom(8).hex()
 _ID_COUNTER: Final = itertools.count(1)
 _JSON: Final = "application/json"
+#: Upstream statuses that fail over to another provider (and count toward its ejection, but
+#: for 429, which holds the provider out for its Retry-After instead).
+_FAILOVER_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
+
+
+class _Failed:
+    """An attempt that failed before the client got a byte: its failure for the provider's
+    health, and its error to return when no other provider is left to try."""
+
+    __slots__ = ("error", "failure")
+
+    def __init__(self, failure: Failure, error: AdapterError | UpstreamReply) -> None:
+        self.failure = failure
+        self.error = error
 
 
 class OpenAIServer:
@@ -263,9 +283,11 @@ class OpenAIServer:
                 upstream_headers,
                 record.request_id,
             )
-            return await self._execute(
+            answer = await self._execute(
                 request, record, self.adapters.route(route.node_id, route.adapter), call
             )
+            assert not isinstance(answer, _Failed)  # only an attempt with a lease fails over
+            return answer
 
         record.resolved = True
         prepared = prepare(body, endpoint, model, catalog.long_context_threshold_tokens)
@@ -279,34 +301,81 @@ class OpenAIServer:
                     param="model",
                 )
             group = completions_group(model.id)
-        lease = await self.scheduler.admit(group, long_context=prepared.long_context)
-        async with lease:
-            record.queue_wait = lease.queue_wait
-            record.node, record.provider = lease.node_id, lease.provider_id
-            # The scheduler and the catalog are swapped together: the current catalog knows
-            # the provider the lease names, even if a refresh happened while we queued.
-            current = self.catalog.models.get(model.id, model)
-            target = current.targets.get(lease.provider_id) or model.targets[lease.provider_id]
-            call = UpstreamCall(
-                endpoint,
-                prepared.body,
-                target,
-                prepared.stream,
-                upstream_headers,
-                record.request_id,
-            )
-            executor = self.adapters.provider(lease.node_id, lease.provider_id)
-            return await self._execute(request, record, executor, call)
+        lease: Lease | None = await self.scheduler.admit(group, long_context=prepared.long_context)
+        assert lease is not None
+        record.queue_wait = lease.queue_wait
+        try:
+            while True:
+                record.node, record.provider = lease.node_id, lease.provider_id
+                # The scheduler and the catalog are swapped together: the current catalog
+                # knows the provider the lease names, even if a refresh happened while we
+                # queued.
+                current = self.catalog.models.get(model.id, model)
+                target = current.targets.get(lease.provider_id) or model.targets[lease.provider_id]
+                call = UpstreamCall(
+                    endpoint,
+                    prepared.body,
+                    target,
+                    prepared.stream,
+                    upstream_headers,
+                    record.request_id,
+                )
+                executor = self.adapters.provider(lease.node_id, lease.provider_id)
+                attempt = await self._execute(request, record, executor, call, lease)
+                if not isinstance(attempt, _Failed):
+                    return attempt
+                failed, lease = lease, None  # released by failover(), whatever it returns
+                next_lease = await self.scheduler.failover(failed, attempt.failure)
+                if next_lease is None:
+                    if isinstance(attempt.error, AdapterError):
+                        raise attempt.error
+                    return self._reply(record, attempt.error)
+                record.failed_over(attempt.failure.kind, _failure_code(attempt.error))
+                lease = next_lease
+        finally:
+            if lease is not None:
+                lease.release()
 
     async def _execute(
-        self, request: web.Request, record: RequestRecord, executor: Executor, call: UpstreamCall
-    ) -> web.StreamResponse:
-        if not call.stream:
-            return self._reply(record, await executor.complete(call))
-        opened = await executor.open_stream(call)
+        self,
+        request: web.Request,
+        record: RequestRecord,
+        executor: Executor,
+        call: UpstreamCall,
+        lease: Lease | None = None,
+    ) -> web.StreamResponse | _Failed:
+        """One attempt. With a ``lease`` (a ``models[]`` group), a failure before the client's
+        first byte comes back as :class:`_Failed` and every outcome is told to the lease;
+        without (a model route), failures are answered as they are."""
+        try:
+            if not call.stream:
+                return self._answer(record, await executor.complete(call), lease)
+            opened = await executor.open_stream(call)
+        except AdapterError as exc:
+            if lease is not None and exc.failure is not None:
+                failure = Failure(exc.failure, str(exc))
+                if exc.failover:
+                    return _Failed(failure, exc)
+                lease.failed(failure)
+            raise
         if isinstance(opened, UpstreamReply):
-            return self._reply(record, opened)
-        return await self._relay(request, record, opened)
+            return self._answer(record, opened, lease)
+        return await self._relay(request, record, opened, lease)
+
+    def _answer(
+        self, record: RequestRecord, reply: UpstreamReply, lease: Lease | None
+    ) -> web.Response | _Failed:
+        if lease is not None:
+            if reply.status in _FAILOVER_STATUSES:
+                reason = reply.detail or f"the upstream answered HTTP {reply.status}"
+                failure = (
+                    Failure("status_429", reason, reply.retry_after)
+                    if reply.status == 429
+                    else Failure("status_5xx", reason)
+                )
+                return _Failed(failure, reply)
+            lease.succeeded()
+        return self._reply(record, reply)
 
     def _reply(self, record: RequestRecord, reply: UpstreamReply) -> web.Response:
         record.status, record.usage = reply.status, reply.usage
@@ -320,7 +389,11 @@ class OpenAIServer:
         )
 
     async def _relay(
-        self, request: web.Request, record: RequestRecord, stream: UpstreamStream
+        self,
+        request: web.Request,
+        record: RequestRecord,
+        stream: UpstreamStream,
+        lease: Lease | None,
     ) -> web.StreamResponse:
         # A client that stops reading would hold the slot forever, the handler waiting in
         # write(). The connection's guard cancels this task when the client has taken no data
@@ -346,8 +419,13 @@ class OpenAIServer:
                         if record.time_to_first_token is None:
                             record.time_to_first_token = self.clock.now() - record.started
                         await response.write(frame)
+                    if lease is not None:
+                        lease.succeeded()
                 except AdapterError as exc:
-                    # Headers are gone: the failure travels in the stream, as OpenAI sends it.
+                    # Headers are gone: the failure travels in the stream, as OpenAI sends it
+                    # (no failover now; the provider's health still hears of it).
+                    if lease is not None and exc.failure is not None:
+                        lease.failed(Failure(exc.failure, str(exc)))
                     record.code, record.error = exc.code, str(exc)
                     record.upstream_failure = exc.code
                     message = client_message(exc, record.provider)
@@ -380,6 +458,11 @@ class OpenAIServer:
         self.write_request_line({"endpoint": record.endpoint, **record.log_fields()})
         for observe in self.observers:
             observe(record)
+
+
+def _failure_code(error: AdapterError | UpstreamReply) -> str:
+    """How an attempt failed, as the upstream-errors metric names it."""
+    return error.code if isinstance(error, AdapterError) else f"http_{error.status}"
 
 
 def _request_id(request: web.Request) -> str:

@@ -18,6 +18,7 @@ from iop_edge.config.schema import (
     AdapterType,
     EdgeConfig,
     ExecutionFields,
+    HealthCheck,
     Node,
     NodeRuntime,
     Provider,
@@ -49,6 +50,7 @@ class ProviderPayload(_Payload):
     models: tuple[str, ...]
     enabled: bool
     execution: ExecutionFields
+    health_check: HealthCheck | Literal[False] = False
 
 
 class NodeConfigPayload(_Payload):
@@ -89,6 +91,7 @@ def provider_payload(node: Node, provider: Provider) -> ProviderPayload:
         models=provider.models,
         enabled=provider.enabled,
         execution=merged_execution(adapter, provider),
+        health_check=provider.health_check or False,
     )
 
 

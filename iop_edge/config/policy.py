@@ -7,7 +7,7 @@ without passing through the HTTP package.
 from __future__ import annotations
 
 from iop_edge.config.schema import EdgeConfig
-from iop_edge.pool import PoolPolicy, ProviderPolicy
+from iop_edge.pool import HealthPolicy, PoolPolicy, ProviderPolicy
 
 __all__ = ["completions_group", "passthrough_providers", "pool_policy"]
 
@@ -29,14 +29,23 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
     for each model with passthrough providers its :func:`completions_group`."""
     nodes_of = {p.id: n.id for n in config.nodes for p in n.providers}
     passthrough = passthrough_providers(config)
+    pool = config.provider_pool
+    health = pool.health
     groups = {g.id: tuple((nodes_of[r.id], r.id) for r in g.providers) for g in config.models}
     for g in config.models:
         keys = tuple((nodes_of[r.id], r.id) for r in g.providers if r.id in passthrough)
         if keys:
             groups[completions_group(g.id)] = keys
     return PoolPolicy(
-        max_queue=config.provider_pool.max_queue,
-        queue_timeout_ms=config.provider_pool.queue_timeout_ms,
+        max_queue=pool.max_queue,
+        queue_timeout_ms=pool.queue_timeout_ms,
+        max_attempts=pool.failover.max_attempts,
+        health=HealthPolicy(
+            failure_threshold=health.failure_threshold,
+            eject_ms=health.eject_ms,
+            max_eject_ms=health.max_eject_ms,
+            probe_interval_ms=health.probe_interval_ms,
+        ),
         providers=tuple(
             ProviderPolicy(
                 node_id=n.id,
@@ -45,6 +54,7 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
                 long_context_capacity=p.long_context_capacity,
                 priority=p.priority,
                 enabled=p.enabled,
+                probe=p.health_check is not False,
             )
             for n in config.nodes
             for p in n.providers

@@ -45,6 +45,15 @@ DEFAULT_KEEPALIVE_TIMEOUT_MS: Final = 75_000
 DEFAULT_HEADER_TIMEOUT_MS: Final = 10_000
 DEFAULT_WRITE_TIMEOUT_MS: Final = 30_000
 DEFAULT_MAX_CONNECTIONS: Final = 4096
+# Health and failover (SPEC §5.1; README "Health and failover").
+DEFAULT_MAX_ATTEMPTS: Final = 2
+DEFAULT_FAILURE_THRESHOLD: Final = 3
+DEFAULT_EJECT_MS: Final = 10_000
+DEFAULT_MAX_EJECT_MS: Final = 300_000
+DEFAULT_PROBE_INTERVAL_MS: Final = 2_000
+DEFAULT_PROBE_TIMEOUT_MS: Final = 2_000
+#: The path each HTTP runtime type probes under its base_url (cli has no health check).
+DEFAULT_HEALTH_PATHS: Final = {"openai_compat": "/models", "ollama": "/api/tags"}
 SEULGIVIBE_ALIASES: Final = ("seulgivibe_claude", "seulgivibe_openai")
 
 
@@ -129,6 +138,15 @@ def _http_url(value: str) -> str:
     return value.rstrip("/")
 
 
+def _probe_path(value: str) -> str:
+    if not value.startswith("/") or any(c.isspace() for c in value) or "#" in value:
+        raise ValueError(
+            f"{_show(value)} is not a path; {{field}} must start with '/' (it is joined to the "
+            "provider's base_url) and contain no whitespace or '#'"
+        )
+    return value
+
+
 def _queue_max(value: Any) -> Any:
     # SPEC §3.1: max_queue 0 or omitted (null) means the default, 16.
     if value is None or (type(value) is int and value == 0):
@@ -147,6 +165,7 @@ Sha256Hex = Annotated[str, AfterValidator(_sha256_hex)]
 HeaderName = Annotated[str, AfterValidator(_header_name)]
 Address = Annotated[str, AfterValidator(_address)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+ProbePath = Annotated[str, AfterValidator(_probe_path)]
 
 
 class _Section(BaseModel):
@@ -306,8 +325,28 @@ class OpenAISection(_Section):
 # --- queue policy and model groups ----------------------------------------------------------
 
 
+class FailoverSection(_Section):
+    """``provider_pool.failover``: ``max_attempts`` tries per request on distinct providers,
+    all before the client's first byte (1: no failover)."""
+
+    max_attempts: Positive = DEFAULT_MAX_ATTEMPTS
+
+
+class HealthSection(_Section):
+    """``provider_pool.health``: ``failure_threshold`` consecutive failures eject a provider
+    for ``eject_ms``, doubled on each re-ejection up to ``max_eject_ms`` (checked >=
+    ``eject_ms`` in :mod:`iop_edge.config.validate`); an ejected provider with a health check
+    is probed every ``probe_interval_ms``."""
+
+    failure_threshold: Positive = DEFAULT_FAILURE_THRESHOLD
+    eject_ms: Positive = DEFAULT_EJECT_MS
+    max_eject_ms: Positive = DEFAULT_MAX_EJECT_MS
+    probe_interval_ms: Positive = DEFAULT_PROBE_INTERVAL_MS
+
+
 class ProviderPool(_Section):
-    """``provider_pool``: the queue policy shared by every model group and provider.
+    """``provider_pool``: the queue, failover and health policy shared by every model group and
+    provider.
 
     ``max_queue`` caps all pending requests of the edge (0 or omitted → 16);
     ``queue_timeout_ms`` is each pending request's maximum wait (omitted → 30000, 0 → none).
@@ -315,6 +354,8 @@ class ProviderPool(_Section):
 
     max_queue: Annotated[NonNegative, BeforeValidator(_queue_max)] = DEFAULT_MAX_QUEUE
     queue_timeout_ms: NonNegative = DEFAULT_QUEUE_TIMEOUT_MS
+    failover: FailoverSection = FailoverSection()
+    health: HealthSection = HealthSection()
 
 
 class ModelProviderRef(_Section):
@@ -379,6 +420,16 @@ class ExecutionFields(_Section):
     request_timeout_ms: Positive | None = None
 
 
+class HealthCheck(_Section):
+    """``nodes[].providers[].health_check``: how an ejected provider is probed —
+    ``GET {base_url}{path}`` with the provider's ``headers``, healthy on a 2xx answer within
+    ``timeout_ms``. ``false`` turns probing off (then an ejected provider gets one trial
+    request once its ejection ends, as a cli provider always does)."""
+
+    path: ProbePath
+    timeout_ms: Positive = DEFAULT_PROBE_TIMEOUT_MS
+
+
 class Adapter(ExecutionFields):
     """A named adapter instance of a node (``nodes[].adapters[]``)."""
 
@@ -403,6 +454,14 @@ def _runtime_type(data: Any) -> Any:
         capacity = data.get("capacity", 1)
         if type(capacity) is int:
             data["long_context_capacity"] = capacity
+    check = data.get("health_check")
+    default_path = DEFAULT_HEALTH_PATHS.get(data.get("type"))
+    if check is None or check is True:
+        # cli (or an unknown type, refused elsewhere) has no check to turn on; `true` on a
+        # cli provider is left for the validator to name.
+        data["health_check"] = {"path": default_path} if default_path else (check or False)
+    elif isinstance(check, dict) and "path" not in check and default_path:
+        data["health_check"] = {**check, "path": default_path}
     return data
 
 
@@ -412,7 +471,9 @@ class Provider(ExecutionFields):
     ``adapter`` is always set in an effective config (the exact instance name, resolved at load
     from a legacy type-name reference or from the provider's type when omitted).
     ``max_queue`` / ``queue_timeout_ms`` are legacy inputs, read only without ``provider_pool``
-    and always cleared in an effective config.
+    and always cleared in an effective config. ``health_check`` is always a
+    :class:`HealthCheck` or ``false`` in an effective config (omitted: the type's default,
+    ``GET /models`` for openai_compat, ``GET /api/tags`` for ollama, none for cli).
     """
 
     id: Ref
@@ -427,6 +488,7 @@ class Provider(ExecutionFields):
     priority: NonNegative = 0
     max_queue: NonNegative | None = None
     queue_timeout_ms: NonNegative | None = None
+    health_check: HealthCheck | StrictBool = False
 
     _normalize = model_validator(mode="before")(_runtime_type)
 

@@ -155,6 +155,16 @@ class _Checker:
                 f"{provider.long_context_capacity} is above capacity {provider.capacity}; "
                 "0 <= long_context_capacity <= capacity",
             )
+        if provider.health_check is True or (
+            provider.type == "cli" and provider.health_check is not False
+        ):
+            given = "true" if provider.health_check is True else "a health check"
+            self.problem(
+                f"{path}.health_check",
+                f"{given} is not available for a {provider.type} provider; "
+                "a cli provider has no HTTP health check (omit health_check or set it to false: "
+                "an ejected cli provider gets one trial request once its ejection ends)",
+            )
         adapter = self.resolve_adapter(node, provider, path, report=provider.enabled)
         if adapter is None:
             return provider
@@ -229,6 +239,13 @@ class _Checker:
     def queue_policy(self, referenced: set[str]) -> ProviderPool:
         """The effective root policy: ``provider_pool`` when present, else the legacy
         per-provider values of every participating provider, which must all agree."""
+        health = self.config.provider_pool.health
+        if health.max_eject_ms < health.eject_ms:
+            self.problem(
+                "provider_pool.health.max_eject_ms",
+                f"{health.max_eject_ms} is below eject_ms {health.eject_ms}; an ejection "
+                "doubles from eject_ms up to max_eject_ms, so max_eject_ms >= eject_ms",
+            )
         if "provider_pool" in self.config.model_fields_set:
             return self.config.provider_pool
         pairs: dict[tuple[int, int], list[str]] = {}

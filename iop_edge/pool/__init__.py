@@ -4,9 +4,11 @@ Nothing here does I/O, awaits, or reads a clock: :class:`PoolScheduler` takes ``
 returns decisions; :mod:`iop_edge.admission` is the asyncio shell around it.
 """
 
+from iop_edge.errors import FailureKind
 from iop_edge.pool.decisions import (
     Decision,
     Dispatch,
+    Failover,
     PendingRequest,
     Rejection,
     RejectReason,
@@ -14,14 +16,31 @@ from iop_edge.pool.decisions import (
     SlotLease,
     Submission,
 )
-from iop_edge.pool.policy import PoolPolicy, ProviderKey, ProviderPolicy
-from iop_edge.pool.scheduler import PoolScheduler
-from iop_edge.pool.statistics import REJECTION_COUNTERS, PoolStatistics, ProviderStatistics
+from iop_edge.pool.health import OK, Failure, Health, HealthEvent, Outcome
+from iop_edge.pool.policy import HealthPolicy, PoolPolicy, ProviderKey, ProviderPolicy
+from iop_edge.pool.scheduler import PROBE, Notice, PoolScheduler
+from iop_edge.pool.statistics import (
+    REJECTION_COUNTERS,
+    GroupStatistics,
+    PoolStatistics,
+    ProviderStatistics,
+)
 
 __all__ = [
+    "OK",
+    "PROBE",
     "REJECTION_COUNTERS",
     "Decision",
     "Dispatch",
+    "Failover",
+    "Failure",
+    "FailureKind",
+    "GroupStatistics",
+    "Health",
+    "HealthEvent",
+    "HealthPolicy",
+    "Notice",
+    "Outcome",
     "PendingRequest",
     "PoolPolicy",
     "PoolScheduler",

@@ -42,12 +42,15 @@ class PendingRequest:
 
     Callers read the attributes and never write them; only the scheduler moves ``state`` from
     ``PENDING`` to ``DISPATCHED`` (then ``lease`` is set) or ``REJECTED`` (then ``rejection`` is
-    set), exactly once. ``deadline`` is the monotonic time at which a pending request expires
-    (``None``: never); it is recomputed from ``submitted_at`` when the queue timeout changes.
-    Identity is the request: two handles are equal only if they are the same object.
+    set), exactly once — or, failing over, from ``DISPATCHED`` back to ``PENDING``:
+    ``attempts`` counts the providers it was given, ``tried`` names them. ``deadline`` is the
+    monotonic time at which a pending request expires (``None``: never); it is recomputed from
+    ``submitted_at`` when the queue timeout changes. Identity is the request: two handles are
+    equal only if they are the same object.
     """
 
     __slots__ = (
+        "attempts",
         "deadline",
         "group_id",
         "lease",
@@ -57,6 +60,7 @@ class PendingRequest:
         "request_id",
         "state",
         "submitted_at",
+        "tried",
     )
 
     def __init__(
@@ -71,11 +75,14 @@ class PendingRequest:
         self.lease: SlotLease | None = None
         self.rejection: Rejection | None = None
         self.queue: RequestQueue | None = None
+        self.attempts = 0
+        self.tried: frozenset[ProviderKey] = frozenset()
 
     def __repr__(self) -> str:
         kind = "long" if self.long_context else "general"
+        retry = f" attempt {self.attempts + 1}" if self.attempts else ""
         return (
-            f"PendingRequest(#{self.request_id} {self.group_id!r} {kind} "
+            f"PendingRequest(#{self.request_id} {self.group_id!r} {kind}{retry} "
             f"{self.state.value} deadline={self.deadline})"
         )
 
@@ -150,6 +157,21 @@ class Rejection:
 
 Decision = Dispatch | Rejection
 """One thing the scheduler decided about one request."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Failover:
+    """What :meth:`iop_edge.pool.PoolScheduler.fail` did with a failed attempt's request.
+
+    ``retried``: it re-entered admission (ahead of the queue, excluding the providers it
+    tried); its state then says whether it got a slot, waits, or was refused. Not retried: no
+    attempt left or no untried candidate — the caller returns the failed attempt's error.
+    ``decisions`` lists everything decided during the call, in order.
+    """
+
+    request: PendingRequest
+    retried: bool
+    decisions: list[Decision]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -23,6 +23,8 @@ class ProviderPolicy:
     ``capacity`` is the number of concurrent requests it takes; ``long_context_capacity`` how many
     of those may be long-context (a long-context request takes a long slot *and* a general one).
     A lower ``priority`` number is preferred. A disabled provider is never a dispatch candidate.
+    ``probe`` says whether the provider has an active health check: an ejected provider with
+    one is probed; one without gets a single trial request once its ejection ends.
     """
 
     node_id: str
@@ -31,6 +33,7 @@ class ProviderPolicy:
     long_context_capacity: int
     priority: int
     enabled: bool
+    probe: bool = False
 
     def __post_init__(self) -> None:
         where = f"provider {self.node_id}/{self.provider_id}"
@@ -51,6 +54,33 @@ class ProviderPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    """When a provider is ejected and how it comes back (SPEC §5.1); times in milliseconds.
+
+    ``failure_threshold`` consecutive failures eject a provider for ``eject_ms``; each
+    re-ejection before a successful request doubles that, up to ``max_eject_ms``. An ejected
+    provider with a health check is probed every ``probe_interval_ms``.
+    """
+
+    failure_threshold: int = 3
+    eject_ms: int = 10_000
+    max_eject_ms: int = 300_000
+    probe_interval_ms: int = 2_000
+
+    def __post_init__(self) -> None:
+        for name in ("failure_threshold", "eject_ms", "max_eject_ms", "probe_interval_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is below 1")
+        if self.max_eject_ms < self.eject_ms:
+            raise ValueError(f"max_eject_ms {self.max_eject_ms} is below eject_ms {self.eject_ms}")
+
+    def ejection_s(self, ejections: int) -> float:
+        """How long the ``ejections``-th consecutive ejection lasts, in seconds."""
+        doubled = self.eject_ms << min(ejections - 1, 32)
+        return min(doubled, self.max_eject_ms) / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
 class PoolPolicy:
     """The whole admission policy of the edge.
 
@@ -58,16 +88,22 @@ class PoolPolicy:
     ``queue_timeout_ms`` is each pending request's maximum wait (0 = no timeout). ``providers``
     lists every provider in config order; ``groups`` maps each model group id to the keys of its
     providers in config order. ``groups`` is frozen into a read-only mapping on construction.
+    ``max_attempts`` is how many distinct providers one request may try before its first byte
+    (1: no failover); ``health`` says when providers are ejected.
     """
 
     max_queue: int
     queue_timeout_ms: int
     providers: tuple[ProviderPolicy, ...]
     groups: Mapping[str, tuple[ProviderKey, ...]]
+    max_attempts: int = 2
+    health: HealthPolicy = HealthPolicy()
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
             raise ValueError(f"max_queue {self.max_queue} is below 1")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts {self.max_attempts} is below 1")
         if self.queue_timeout_ms < 0:
             raise ValueError(f"queue_timeout_ms {self.queue_timeout_ms} is negative")
         known: set[ProviderKey] = set()

@@ -15,6 +15,14 @@ whose (group, kind) queue is non-empty queues without looking for a slot, and a 
 only has to be offered to the heads of the queues of P's groups. A slot goes to the oldest of
 those heads that P can serve.
 
+Health (SPEC §5.1, :mod:`iop_edge.pool.health`): each provider slot keeps a
+:class:`~iop_edge.pool.health.ProviderHealth`. Attempts report how they ended through
+:meth:`PoolScheduler.release` (an outcome) or :meth:`PoolScheduler.fail` (a failure, and a
+retry on an untried provider, ahead of every queued request). Health timers (ejections ending,
+429 holds ending, probes due) sit in one heap next to the deadlines: :meth:`next_event` says when
+to call :meth:`expire`. What the shell must do or log — run a probe, log an ejection — waits in
+an outbox read with :meth:`take_events`.
+
 Deadline boundary: a request's deadline is ``submitted_at + queue_timeout_ms / 1000``; at
 ``now >= deadline`` it is expired, never dispatched. Each method expires what is due at ``now``
 before it dispatches anything (``apply_policy`` first fails the requests the new policy cannot
@@ -23,12 +31,15 @@ serve at all: for them ``config_change`` wins over ``queue_timeout``).
 
 from __future__ import annotations
 
+import heapq
 from types import MappingProxyType
+from typing import Final, Literal
 
 from iop_edge.pool.deadlines import DeadlineHeap
 from iop_edge.pool.decisions import (
     Decision,
     Dispatch,
+    Failover,
     PendingRequest,
     Rejection,
     RejectReason,
@@ -37,16 +48,29 @@ from iop_edge.pool.decisions import (
     SlotLease,
     Submission,
 )
+from iop_edge.pool.health import OK, Failure, HealthEvent, Outcome
 from iop_edge.pool.policy import PoolPolicy, ProviderKey
 from iop_edge.pool.slots import Membership, ModelGroup, ProviderSlot
-from iop_edge.pool.statistics import REJECTION_COUNTERS, PoolStatistics, provider_statistics
+from iop_edge.pool.statistics import (
+    REJECTION_COUNTERS,
+    GroupStatistics,
+    PoolStatistics,
+    provider_statistics,
+)
+
+PROBE: Final = "probe"
+"""An outbox entry asking the shell to probe a provider (then call :meth:`PoolScheduler.probed`)."""
+
+Notice = tuple[ProviderKey, HealthEvent | Literal["probe"]] | tuple[str, HealthEvent]
+"""An outbox entry: a provider's health event or probe request, or a model group's panic."""
 
 
 class PoolScheduler:
     """Admits requests onto provider slots, queues the rest, and swaps its policy live.
 
     Candidates of a request are the enabled providers of its model group with a free slot of
-    the needed kind; the lowest ``in_flight`` wins, then the lowest ``priority`` number, then
+    the needed kind that health lets in (not ejected or held, unless the group is in panic);
+    the lowest ``in_flight`` wins, then the lowest ``priority`` number, then
     the least recently chosen by that group. Without a free candidate the request queues if
     fewer than ``max_queue`` are pending; a freed slot goes to the oldest pending request its
     provider can serve.
@@ -60,6 +84,10 @@ class PoolScheduler:
         self._retired: dict[ProviderKey, ProviderSlot] = {}
         self._groups: dict[str, ModelGroup] = {}
         self._deadlines = DeadlineHeap()
+        self._health_timers: list[tuple[float, int, ProviderSlot]] = []
+        self._timer_seq = 0
+        self._events: list[Notice] = []
+        self._failovers = 0
         self._pending = 0
         self._last_id = 0
         self._submitted = 0
@@ -132,9 +160,11 @@ class PoolScheduler:
                     self._deadlines.push(request, self._pending)
         return Submission(request, decisions)
 
-    def release(self, lease: SlotLease, now: float) -> list[Decision]:
+    def release(self, lease: SlotLease, now: float, outcome: Outcome = None) -> list[Decision]:
         """Release ``lease`` and hand its slot to the oldest pending request that can use it.
 
+        ``outcome`` tells the provider's health how the attempt ended: :data:`OK` (it
+        answered), a :class:`Failure`, or ``None`` (nothing learnt: the client left).
         Releasing twice is a no-op counted in ``double_releases``. A lease on a provider that a
         policy swap removed or disabled is released into the right counts and frees nothing.
         """
@@ -154,9 +184,85 @@ class PoolScheduler:
             if slot.in_flight == 0:
                 self._retired.pop(slot.key, None)
             return decisions
+        health = slot.health
+        if slot.enabled and (outcome is not None or health.trial is lease):
+            if outcome == OK:
+                event = health.succeeded(now)
+            elif outcome is None:
+                health.trial = None  # the trial said nothing: the next request is the trial
+                event = None
+            else:
+                assert isinstance(outcome, Failure)
+                event = health.failed(outcome, now, self._policy.health)
+            if event is not None or health.usable is not slot.usable:
+                if event is not None:
+                    self._events.append((slot.key, event))
+                self._health_changed(slot, now, decisions)
+                return decisions
         if not (self._pending and self._refill(slot, now, decisions)):
             slot.changed()
         return decisions
+
+    def fail(self, lease: SlotLease, failure: Failure, now: float) -> Failover:
+        """The attempt holding ``lease`` failed before the client got a byte: release the lease
+        (once) with ``failure`` as its outcome, and retry the request on another provider.
+
+        The retry goes ahead of every queued request (it keeps its arrival time, so its deadline
+        is unchanged, and ``max_queue`` does not apply: it was accepted already), on a provider
+        of its group it has not tried that health lets in; it waits if all of those are busy.
+        No retry when ``max_attempts`` are used up or no untried candidate exists.
+        """
+        request = lease.request
+        if lease.released:
+            raise ValueError(f"{lease!r} was already released")
+        decisions = self.release(lease, now, failure)
+        request.tried = request.tried | {lease.key}
+        group = self._groups.get(request.group_id)
+        if (
+            request.attempts >= self._policy.max_attempts
+            or group is None
+            or not group.has_untried(request.tried)
+        ):
+            return Failover(request, False, decisions)
+        self._failovers += 1
+        request.state = RequestState.PENDING
+        request.lease = None
+        membership = group.best_untried(request.long_context, request.tried)
+        if membership is not None:
+            decisions.append(self._dispatch(request, membership, now))
+            return Failover(request, True, decisions)
+        deadline = None if self._timeout is None else request.submitted_at + self._timeout
+        if deadline is not None and deadline <= now:
+            decisions.append(self._timed_out(request, now))
+        else:
+            group.retries.push(request)
+            self._pending += 1
+            if deadline is not None:
+                request.deadline = deadline
+                self._deadlines.push(request, self._pending)
+        return Failover(request, True, decisions)
+
+    def probed(self, key: ProviderKey, ok: bool, reason: str | None, now: float) -> list[Decision]:
+        """A probe the outbox asked for came back (``reason`` says why it failed)."""
+        decisions = self._expire_due(now)
+        slot = self._slots.get(key)
+        if slot is None or not slot.enabled:
+            return decisions
+        event = slot.health.probed(ok, reason, now, self._policy.health)
+        if event is not None:
+            self._events.append((key, event))
+        self._health_changed(slot, now, decisions)
+        return decisions
+
+    def take_events(self) -> list[Notice]:
+        """Empty the outbox: health events to log and probes to run, in order."""
+        events, self._events = self._events, []
+        return events
+
+    @property
+    def has_events(self) -> bool:
+        """Whether :meth:`take_events` has something (a cheap check for the hot path)."""
+        return bool(self._events)
 
     def cancel(self, request: PendingRequest, now: float) -> list[Decision]:
         """The client of ``request`` went away: drop it from the queue (``client_gone``).
@@ -166,7 +272,9 @@ class PoolScheduler:
         """
         queue = request.queue
         group = self._groups.get(request.group_id)
-        if queue is not None and (group is None or queue not in group.queues):
+        if queue is not None and (
+            group is None or (queue not in group.queues and queue is not group.retries)
+        ):
             raise ValueError(f"{request!r} is not pending in this scheduler")
         decisions = self._expire_due(now)
         if request.queue is not None:
@@ -180,12 +288,26 @@ class PoolScheduler:
         return decisions
 
     def expire(self, now: float) -> list[Decision]:
-        """Expire every pending request whose deadline is at or before ``now``."""
+        """Expire every pending request whose deadline is at or before ``now``, then run the
+        health timers that are due (holds and ejections ending, probes due)."""
         return self._expire_due(now)
 
     def next_deadline(self) -> float | None:
-        """The earliest deadline of a pending request, or ``None``: when to call :meth:`expire`."""
+        """The earliest deadline of a pending request, or ``None``."""
         return self._deadlines.soonest()
+
+    def next_event(self) -> float | None:
+        """When to call :meth:`expire` next: the earliest deadline or health timer, or ``None``."""
+        deadline = self._deadlines.soonest()
+        timers = self._health_timers
+        if not timers:
+            return deadline
+        while timers and timers[0][2].health.next_time() != timers[0][0]:
+            heapq.heappop(timers)  # stale: the slot's timer moved
+        if not timers:
+            return deadline
+        when = timers[0][0]
+        return when if deadline is None or when < deadline else deadline
 
     def apply_policy(self, policy: PoolPolicy, now: float) -> list[Decision]:
         """Swap in ``policy`` live (SPEC §4) and re-evaluate every pending request at once.
@@ -212,20 +334,22 @@ class PoolScheduler:
             else:
                 reason = RejectReason.NO_AVAILABLE_PROVIDER
                 message = f"model group {group_id!r} lost its last enabled provider"
-            for queue in old.queues:
+            for queue in (*old.queues, old.retries):
                 dropped.extend((request, reason, message) for request in queue)
         dropped.sort(key=lambda item: item[0].request_id)
         for request, reason, message in dropped:
             decisions.append(self._reject(request, reason, message, config_change=True))
         if self._timeout != old_timeout:
             timeout = self._timeout
-            pending = [r for group in self._groups.values() for q in group.queues for r in q]
+            pending = [r for group in self._groups.values() for q in group.all_queues() for r in q]
             for request in pending:
                 request.deadline = None if timeout is None else request.submitted_at + timeout
             self._deadlines.rebuild(pending)
         decisions.extend(self._expire_due(now))
         if self._pending:
             self._dispatch_all(now, decisions)
+            for group in self._groups.values():
+                self._sweep_retries(group, decisions, config_change=True)
         return decisions
 
     def __repr__(self) -> str:
@@ -236,6 +360,10 @@ class PoolScheduler:
         """A frozen snapshot: queue depth, every provider's slots, and the counters."""
         providers = [provider_statistics(slot) for slot in self._slots.values()]
         providers.extend(provider_statistics(slot) for slot in self._retired.values())
+        groups = tuple(
+            GroupStatistics(group_id, len(group.members), group.panic)
+            for group_id, group in self._groups.items()
+        )
         return PoolStatistics(
             queue_depth=self._pending,
             max_queue=self._max_queue,
@@ -246,6 +374,8 @@ class PoolScheduler:
             rejected=MappingProxyType(dict(self._rejected)),
             released=self._released,
             double_releases=self._double_releases,
+            failovers=self._failovers,
+            groups=groups,
         )
 
     # -- internals --------------------------------------------------------------------------
@@ -261,6 +391,7 @@ class PoolScheduler:
             else:
                 slot.update(provider)
                 slot.memberships = []
+            slot.health.can_probe = provider.probe
             slots[provider.key] = slot
         for slot in self._slots.values():
             slot.retire()
@@ -271,15 +402,19 @@ class PoolScheduler:
         for group_id, keys in policy.groups.items():
             old = old_groups.get(group_id)
             if old is None:
-                group = ModelGroup(group_id, (RequestQueue(), RequestQueue()))
+                group = ModelGroup(group_id, (RequestQueue(), RequestQueue()), RequestQueue())
                 stamps: dict[ProviderKey, int] = {}
             else:
-                group = ModelGroup(group_id, old.queues, old.tick, old.fresh)
+                group = ModelGroup(group_id, old.queues, old.retries, old.tick, old.fresh)
                 stamps = {m.slot.key: m.stamp for m in old.members}
             for key in keys:
                 slot = slots[key]
                 if slot.enabled:
                     group.add_member(slot, stamps.get(key))
+            if group.update_panic():
+                self._reoffer(group)
+            if (old is not None and old.panic) is not group.panic:
+                self._events.append((group_id, _panic_event(group)))
             groups[group_id] = group
         self._groups = groups
         self._policy = policy
@@ -292,12 +427,18 @@ class PoolScheduler:
             request.queue.discard(request)
             self._pending -= 1
         slot = membership.slot
-        membership.group.choose(membership)
+        group = membership.group
+        group.choose(membership)
         slot.in_flight += 1
         if request.long_context:
             slot.long_in_flight += 1
-        slot.changed()
         lease = SlotLease(self, request, slot, now)
+        health = slot.health
+        if health.half_open and health.trial is None and not group.panic:
+            health.trial = lease  # the one trial request of a half-open provider
+            slot.usable = False
+        slot.changed()
+        request.attempts += 1
         request.state = RequestState.DISPATCHED
         request.lease = lease
         self._admitted += 1
@@ -330,8 +471,16 @@ class PoolScheduler:
             long_free = slot.long_in_flight < slot.long_capacity
             oldest: PendingRequest | None = None
             chosen: Membership | None = None
+            retry = self._retry_for(slot, long_free)
+            if retry is not None:
+                decisions.append(self._dispatch(*retry, now))
+                dispatched = True
+                continue
             for membership in slot.memberships:
-                general, long_queue = membership.group.queues
+                group = membership.group
+                if not (slot.usable or group.panic):
+                    continue
+                general, long_queue = group.queues
                 if general.live:
                     head = general.head()
                     if head is not None and (oldest is None or head.request_id < oldest.request_id):
@@ -346,8 +495,36 @@ class PoolScheduler:
             dispatched = True
         return dispatched
 
+    def _retry_for(
+        self, slot: ProviderSlot, long_free: bool
+    ) -> tuple[PendingRequest, Membership] | None:
+        """The oldest request failing over that ``slot``'s free capacity can take, if any."""
+        oldest: PendingRequest | None = None
+        chosen: Membership | None = None
+        key = slot.key
+        for membership in slot.memberships:
+            group = membership.group
+            if not group.retries.live or not (slot.usable or group.panic):
+                continue
+            for request in group.retries:
+                if key in request.tried or (request.long_context and not long_free):
+                    continue
+                if oldest is None or request.request_id < oldest.request_id:
+                    oldest, chosen = request, membership
+                break  # oldest first within the group
+        return None if oldest is None or chosen is None else (oldest, chosen)
+
     def _dispatch_all(self, now: float, decisions: list[Decision]) -> None:
-        """Dispatch every pending request that has a free candidate, oldest first (O(Q log Q))."""
+        """Dispatch every pending request that has a free candidate, oldest first (O(Q log Q)),
+        the requests failing over before all others."""
+        retries = [r for group in self._groups.values() for r in group.retries]
+        retries.sort(key=lambda request: request.request_id)
+        for request in retries:
+            membership = self._groups[request.group_id].best_untried(
+                request.long_context, request.tried
+            )
+            if membership is not None:
+                decisions.append(self._dispatch(request, membership, now))
         pending = [r for group in self._groups.values() for q in group.queues for r in q]
         pending.sort(key=lambda request: request.request_id)
         exhausted: set[tuple[str, bool]] = set()
@@ -363,18 +540,87 @@ class PoolScheduler:
                 decisions.append(self._dispatch(request, membership, now))
 
     def _expire_due(self, now: float) -> list[Decision]:
-        if not self._deadlines.is_due(now):
-            return []
-        timeout_ms = self._policy.queue_timeout_ms
-        return [
-            self._reject(
-                request,
-                RejectReason.QUEUE_TIMEOUT,
-                f"the request waited {now - request.submitted_at:.3f} s in the admission "
-                f"queue, past queue_timeout_ms {timeout_ms}",
-            )
-            for request in self._deadlines.due(now)
-        ]
+        decisions: list[Decision] = []
+        if self._deadlines.is_due(now):
+            decisions.extend(self._timed_out(request, now) for request in self._deadlines.due(now))
+        timers = self._health_timers
+        if timers and timers[0][0] <= now:
+            self._run_health_timers(now, decisions)
+        return decisions
+
+    def _timed_out(self, request: PendingRequest, now: float) -> Rejection:
+        return self._reject(
+            request,
+            RejectReason.QUEUE_TIMEOUT,
+            f"the request waited {now - request.submitted_at:.3f} s in the admission "
+            f"queue, past queue_timeout_ms {self._policy.queue_timeout_ms}",
+        )
+
+    # -- health ------------------------------------------------------------------------------
+
+    def _run_health_timers(self, now: float, decisions: list[Decision]) -> None:
+        timers = self._health_timers
+        due: dict[ProviderKey, ProviderSlot] = {}
+        while timers and timers[0][0] <= now:
+            slot = heapq.heappop(timers)[2]
+            if slot.enabled and self._slots.get(slot.key) is slot:
+                due[slot.key] = slot
+        policy = self._policy.health
+        for key, slot in due.items():
+            for event in slot.health.advance(now, policy):
+                self._events.append((key, event))
+            self._health_changed(slot, now, decisions)
+
+    def _health_changed(self, slot: ProviderSlot, now: float, decisions: list[Decision]) -> None:
+        """Bring the candidate indexes, the groups' panic and the pending requests in step
+        with ``slot``'s health, and arm its next health timer."""
+        slot.usable = slot.health.usable
+        touched = [slot]
+        for membership in slot.memberships:
+            group = membership.group
+            if group.update_panic():
+                self._events.append((group.group_id, _panic_event(group)))
+                self._reoffer(group)
+                touched.extend(m.slot for m in group.members if m.slot is not slot)
+        slot.changed()
+        when = slot.health.next_time()
+        if when is not None:
+            self._timer_seq += 1
+            heapq.heappush(self._health_timers, (when, self._timer_seq, slot))
+        if self._pending:
+            for each in touched:
+                self._refill(each, now, decisions)
+            for membership in slot.memberships:
+                self._sweep_retries(membership.group, decisions)
+
+    @staticmethod
+    def _reoffer(group: ModelGroup) -> None:
+        for membership in group.members:
+            membership.version += 1
+            group.offer(membership)
+
+    def _sweep_retries(
+        self, group: ModelGroup, decisions: list[Decision], *, config_change: bool = False
+    ) -> None:
+        """Refuse the requests failing over in ``group`` that no untried provider can take
+        any more (ejected, disabled or removed meanwhile)."""
+        if not group.retries.live:
+            return
+        for request in group.retries:
+            if not group.has_untried(request.tried):
+                decisions.append(
+                    self._reject(
+                        request,
+                        RejectReason.NO_AVAILABLE_PROVIDER,
+                        f"model group {group.group_id!r} has no provider left that this "
+                        "request has not tried",
+                        config_change=config_change,
+                    )
+                )
+
+
+def _panic_event(group: ModelGroup) -> HealthEvent:
+    return HealthEvent("panic" if group.panic else "panic_over")
 
 
 def _live_counts(name: str, stats: PoolStatistics) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 
 from iop_edge.pool.decisions import RequestQueue
+from iop_edge.pool.health import ProviderHealth
 from iop_edge.pool.policy import ProviderKey, ProviderPolicy
 
 HeapEntry = tuple[int, int, int, int, "Membership"]
@@ -25,12 +26,15 @@ class ProviderSlot:
     """The live slot counts of one provider resource and its current policy.
 
     A slot record outlives its provider's removal from the policy while leases still hold it
-    (``in_policy`` false), so those leases release into the right counters.
+    (``in_policy`` false), so those leases release into the right counters. ``health`` is its
+    :class:`ProviderHealth`; ``usable`` caches ``health.usable`` (read on every offer), kept
+    in step by the scheduler.
     """
 
     __slots__ = (
         "capacity",
         "enabled",
+        "health",
         "in_flight",
         "in_policy",
         "key",
@@ -38,6 +42,7 @@ class ProviderSlot:
         "long_in_flight",
         "memberships",
         "priority",
+        "usable",
     )
 
     def __init__(self, policy: ProviderPolicy) -> None:
@@ -50,9 +55,15 @@ class ProviderSlot:
         self.priority = policy.priority
         self.enabled = policy.enabled
         self.in_policy = True
+        self.health = ProviderHealth(policy.probe)
+        self.usable = True
 
     def update(self, policy: ProviderPolicy) -> None:
-        """Take the new policy of this provider; the counts are kept."""
+        """Take the new policy of this provider; the counts are kept, and so is its health
+        unless it was disabled or removed: then it starts ``unknown`` again."""
+        if not self.enabled and policy.enabled:
+            self.health = ProviderHealth(policy.probe)
+            self.usable = True
         self.capacity = policy.capacity
         self.long_capacity = policy.long_context_capacity
         self.priority = policy.priority
@@ -93,20 +104,24 @@ class Membership:
 
 
 class ModelGroup:
-    """A model group: its enabled members, their candidate heaps, and its two pending queues.
+    """A model group: its enabled members, their candidate heaps, and its pending queues.
 
-    ``queues[False]`` holds general requests, ``queues[True]`` long-context ones. The queues
-    and the rotation counters survive policy swaps (they move to the group's new record), so
-    rotation stamps stay unique within a group: chosen members get ``tick`` values (>= 0), new
-    members ``fresh`` ones (far below 0, increasing), which puts them first among equals.
+    ``queues[False]`` holds general requests, ``queues[True]`` long-context ones; ``retries``
+    the requests failing over (either kind), served before both. The queues and the rotation
+    counters survive policy swaps (they move to the group's new record), so rotation stamps
+    stay unique within a group: chosen members get ``tick`` values (>= 0), new members
+    ``fresh`` ones (far below 0, increasing), which puts them first among equals. ``panic``:
+    every member is out (ejected or held), so health is ignored and every member is a
+    candidate.
     """
 
-    __slots__ = ("fresh", "group_id", "heaps", "members", "queues", "tick")
+    __slots__ = ("fresh", "group_id", "heaps", "members", "panic", "queues", "retries", "tick")
 
     def __init__(
         self,
         group_id: str,
         queues: tuple[RequestQueue, RequestQueue],
+        retries: RequestQueue,
         tick: int = 0,
         fresh: int = -(1 << 62),
     ) -> None:
@@ -114,8 +129,25 @@ class ModelGroup:
         self.members: list[Membership] = []
         self.heaps: tuple[list[HeapEntry], list[HeapEntry]] = ([], [])
         self.queues = queues
+        self.retries = retries
         self.tick = tick
         self.fresh = fresh
+        self.panic = False
+
+    def all_queues(self) -> tuple[RequestQueue, RequestQueue, RequestQueue]:
+        """The general, long-context and failover queues."""
+        return (*self.queues, self.retries)
+
+    def admits(self, slot: ProviderSlot) -> bool:
+        """Whether health lets a new request of this group go to ``slot`` now."""
+        return slot.usable or self.panic
+
+    def update_panic(self) -> bool:
+        """Recompute :attr:`panic` from the members' health; return whether it changed."""
+        panic = bool(self.members) and all(m.slot.health.out for m in self.members)
+        changed = panic is not self.panic
+        self.panic = panic
+        return changed
 
     def add_member(self, slot: ProviderSlot, stamp: int | None) -> None:
         """Add an enabled provider; ``stamp`` carries its rotation place over a policy swap."""
@@ -131,7 +163,7 @@ class ModelGroup:
     def offer(self, membership: Membership) -> None:
         """Index ``membership`` under its current counts, in each heap whose slot kind is free."""
         slot = membership.slot
-        if not slot.enabled or slot.in_flight >= slot.capacity:
+        if not slot.enabled or slot.in_flight >= slot.capacity or not (slot.usable or self.panic):
             return
         entry = (slot.in_flight, slot.priority, membership.stamp, membership.version, membership)
         heaps = self.heaps
@@ -159,6 +191,26 @@ class ModelGroup:
                 return entry[4]
             heapq.heappop(heap)
         return None
+
+    def best_untried(self, long_context: bool, tried: frozenset[ProviderKey]) -> Membership | None:
+        """:meth:`best_candidate` among the members not in ``tried`` (a failing-over request;
+        rare enough for a scan of the group)."""
+        best: Membership | None = None
+        best_rank: tuple[int, int, int] | None = None
+        for membership in self.members:
+            slot = membership.slot
+            if slot.key in tried or not slot.can_serve(long_context) or not self.admits(slot):
+                continue
+            rank = (slot.in_flight, slot.priority, membership.stamp)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = membership, rank
+        return best
+
+    def has_untried(self, tried: frozenset[ProviderKey]) -> bool:
+        """Whether a member not in ``tried`` could take the request once a slot frees up."""
+        return any(
+            m.slot.key not in tried and (self.panic or not m.slot.health.out) for m in self.members
+        )
 
     def choose(self, membership: Membership) -> None:
         """Record that this group just gave ``membership`` a request (advances the rotation)."""

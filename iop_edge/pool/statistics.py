@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+from iop_edge.pool.health import ProviderHealth
 
 if TYPE_CHECKING:
     from iop_edge.pool.slots import ProviderSlot
@@ -35,19 +37,22 @@ STATUS_DISABLED = "disabled"
 """Provider status (and health) of a provider disabled by the policy."""
 STATUS_REMOVED = "removed"
 """Provider status of a provider gone from the policy whose leases are still held."""
-HEALTH_UNKNOWN = "unknown"
-"""Health of an enabled provider: the scheduler does no health checks; a checker may refine it."""
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderStatistics:
     """One provider's slots as the status API shows them.
 
-    Enabled: ``status="active"``, ``health="unknown"``, the policy's capacities. Disabled:
+    Enabled: ``status="active"``, ``health`` ``unknown`` (no evidence yet), ``healthy`` (its
+    last request or probe succeeded) or ``unhealthy`` (ejected until ``ejected_until``, or
+    ``half_open``: waiting for its trial request), the policy's capacities. Disabled:
     ``status="disabled"``, ``health="disabled"``, ``capacity=0`` and ``long_context_capacity=0``.
     Removed from the policy but still leased: ``status="removed"``, ``health="disabled"``,
     capacities 0, listed after the policy's providers until its last lease is released.
     ``in_flight`` counts every held lease (long ones included); ``long_in_flight`` the long ones.
+    Health detail: ``consecutive_failures`` and ``last_failure`` (a sentence), ``held_until``
+    (a 429's ``Retry-After``), counters ``ejections``, ``probes_ok``, ``probes_failed``. Times
+    are the scheduler's monotonic seconds.
     """
 
     node_id: str
@@ -60,15 +65,35 @@ class ProviderStatistics:
     in_flight: int
     long_in_flight: int
     priority: int
+    consecutive_failures: int = 0
+    last_failure: str | None = None
+    ejected_until: float | None = None
+    half_open: bool = False
+    held_until: float | None = None
+    ejections: int = 0
+    probes_ok: int = 0
+    probes_failed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatistics:
+    """One model group: its enabled members, and whether it is in panic (every one of them
+    ejected or held, so health is ignored for it)."""
+
+    group_id: str
+    members: int
+    panic: bool
 
 
 @dataclass(frozen=True, slots=True)
 class PoolStatistics:
     """A frozen snapshot of the scheduler.
 
-    ``queue_depth`` is the number of pending requests. Counters since start:
-    ``submitted`` = ``admitted`` + sum(``rejected``) + ``queue_depth`` always holds;
-    ``released`` counts first releases, ``double_releases`` the ignored repeats.
+    ``queue_depth`` is the number of pending requests (failing-over ones included). Counters
+    since start: ``admitted`` counts slots granted (a request failing over gets more than one),
+    ``failovers`` the requests that re-entered admission after a failed attempt, and
+    ``submitted`` + ``failovers`` = ``admitted`` + sum(``rejected``) + ``queue_depth`` always
+    holds; ``released`` counts first releases, ``double_releases`` the ignored repeats.
     """
 
     queue_depth: int
@@ -80,6 +105,8 @@ class PoolStatistics:
     rejected: Mapping[str, int]
     released: int
     double_releases: int
+    failovers: int = 0
+    groups: tuple[GroupStatistics, ...] = ()
 
     @property
     def expired(self) -> int:
@@ -97,11 +124,16 @@ class PoolStatistics:
         return sum(p.in_flight for p in self.providers)
 
 
+_NO_HEALTH: Final = ProviderHealth(can_probe=False)
+"""What a disabled provider shows of its health: nothing (it starts ``unknown`` when enabled)."""
+
+
 def provider_statistics(slot: ProviderSlot) -> ProviderStatistics:
     """The status view of one provider slot record (see :class:`ProviderStatistics`)."""
     node_id, provider_id = slot.key
+    state = slot.health if slot.enabled else _NO_HEALTH
     if slot.enabled:
-        status, health = STATUS_ACTIVE, HEALTH_UNKNOWN
+        status, health = STATUS_ACTIVE, state.health.value
         capacity, long_capacity = slot.capacity, slot.long_capacity
     else:
         status = STATUS_DISABLED if slot.in_policy else STATUS_REMOVED
@@ -117,4 +149,12 @@ def provider_statistics(slot: ProviderSlot) -> ProviderStatistics:
         in_flight=slot.in_flight,
         long_in_flight=slot.long_in_flight,
         priority=slot.priority,
+        consecutive_failures=state.failures,
+        last_failure=state.last_failure,
+        ejected_until=state.ejected_until,
+        half_open=state.half_open,
+        held_until=state.held_until,
+        ejections=state.ejections_total,
+        probes_ok=state.probes_ok,
+        probes_failed=state.probes_failed,
     )
