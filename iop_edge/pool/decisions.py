@@ -80,7 +80,9 @@ class PendingRequest:
 
     def __repr__(self) -> str:
         kind = "long" if self.long_context else "general"
-        retry = f" attempt {self.attempts + 1}" if self.attempts else ""
+        # The attempt it holds, or (pending or refused) the one it waits for.
+        attempt = self.attempts + (self.state is not RequestState.DISPATCHED)
+        retry = f" attempt {attempt}" if attempt > 1 else ""
         return (
             f"PendingRequest(#{self.request_id} {self.group_id!r} {kind}{retry} "
             f"{self.state.value} deadline={self.deadline})"

@@ -90,6 +90,7 @@ class ProviderHealth:
     __slots__ = (
         "_state",
         "can_probe",
+        "ejected_at",
         "ejected_until",
         "ejections",
         "ejections_total",
@@ -109,6 +110,7 @@ class ProviderHealth:
         self._state = _State.UNKNOWN
         self.failures = 0
         self.ejections = 0
+        self.ejected_at: float | None = None
         self.ejected_until: float | None = None
         self.held_until: float | None = None
         self.last_failure: str | None = None
@@ -154,15 +156,26 @@ class ProviderHealth:
     def next_time(self) -> float | None:
         """When :meth:`advance` has something to do next, or ``None``."""
         times = [t for t in (self.ejected_until, self.held_until) if t is not None]
-        if self.next_probe_at is not None and not self.probing:
+        if self.next_probe_at is not None and self.can_probe and not self.probing:
             times.append(self.next_probe_at)
         return min(times) if times else None
 
     # -- what happens to it ------------------------------------------------------------------
 
-    def succeeded(self, now: float, *, probe: bool = False) -> HealthEvent | None:
-        """A request (or a probe) got an answer: healthy at once."""
+    def succeeded(
+        self, now: float, *, probe: bool = False, started: float | None = None
+    ) -> HealthEvent | None:
+        """A request (or a probe) got an answer: healthy at once — unless the request
+        ``started`` before the provider's latest ejection: an answer to a request sent before
+        the failures that ejected it says nothing about it now, and changes nothing."""
         previous = self._state
+        if (
+            started is not None
+            and self.ejected_at is not None
+            and started < self.ejected_at
+            and (previous is _State.EJECTED or previous is _State.HALF_OPEN)
+        ):
+            return None
         self.failures = 0
         self.trial = None
         if not probe:
@@ -201,16 +214,19 @@ class ProviderHealth:
     def probed(
         self, ok: bool, reason: str | None, now: float, policy: HealthPolicy
     ) -> HealthEvent | None:
-        """A probe came back. Success ends the ejection; a failure waits for the next one."""
+        """A probe came back. Success ends the ejection (or the half-open wait); a failure waits
+        for the next one."""
         self.probing = False
         if ok:
             self.probes_ok += 1
         else:
             self.probes_failed += 1
-        if self._state is not _State.EJECTED:
-            return None  # recovered meanwhile (or half-open): nothing to decide
-        if ok:
+        state = self._state
+        if ok and (state is _State.EJECTED or state is _State.HALF_OPEN):
+            # Half-open too (the ejection ran out while the probe ran): healthy at once.
             return self.succeeded(now, probe=True)
+        if state is not _State.EJECTED:
+            return None  # recovered meanwhile, or a failure while half-open: the trial decides
         self.last_probe_failed = True
         if reason is not None:
             self.last_failure = reason
@@ -251,6 +267,7 @@ class ProviderHealth:
         self.ejections += 1
         self.ejections_total += 1
         until = now + policy.ejection_s(self.ejections)
+        self.ejected_at = now
         self._state = _State.EJECTED
         self.ejected_until = until
         self.trial = None

@@ -174,33 +174,7 @@ class PoolScheduler:
             self._double_releases += 1
             return []
         decisions = self._expire_due(now)
-        lease.released = True
-        self._released += 1
-        slot = lease.slot
-        slot.in_flight -= 1
-        if lease.long_context:
-            slot.long_in_flight -= 1
-        if not slot.in_policy:
-            if slot.in_flight == 0:
-                self._retired.pop(slot.key, None)
-            return decisions
-        health = slot.health
-        if slot.enabled and (outcome is not None or health.trial is lease):
-            if outcome == OK:
-                event = health.succeeded(now)
-            elif outcome is None:
-                health.trial = None  # the trial said nothing: the next request is the trial
-                event = None
-            else:
-                assert isinstance(outcome, Failure)
-                event = health.failed(outcome, now, self._policy.health)
-            if event is not None or health.usable is not slot.usable:
-                if event is not None:
-                    self._events.append((slot.key, event))
-                self._health_changed(slot, now, decisions)
-                return decisions
-        if not (self._pending and self._refill(slot, now, decisions)):
-            slot.changed()
+        self._release(lease, now, outcome, decisions, None)
         return decisions
 
     def fail(self, lease: SlotLease, failure: Failure, now: float) -> Failover:
@@ -210,37 +184,17 @@ class PoolScheduler:
         The retry goes ahead of every queued request (it keeps its arrival time, so its deadline
         is unchanged, and ``max_queue`` does not apply: it was accepted already), on a provider
         of its group it has not tried that health lets in; it waits if all of those are busy.
-        No retry when ``max_attempts`` are used up or no untried candidate exists.
+        No retry when ``max_attempts`` are used up, no untried candidate exists, or the request
+        is past its deadline and no slot is free at once: then the failure is the answer.
         """
-        request = lease.request
+        if lease.owner is not self:
+            raise ValueError(f"{lease!r} was not granted by this scheduler")
         if lease.released:
             raise ValueError(f"{lease!r} was already released")
-        decisions = self.release(lease, now, failure)
-        request.tried = request.tried | {lease.key}
-        group = self._groups.get(request.group_id)
-        if (
-            request.attempts >= self._policy.max_attempts
-            or group is None
-            or not group.has_untried(request.tried)
-        ):
-            return Failover(request, False, decisions)
-        self._failovers += 1
-        request.state = RequestState.PENDING
-        request.lease = None
-        membership = group.best_untried(request.long_context, request.tried)
-        if membership is not None:
-            decisions.append(self._dispatch(request, membership, now))
-            return Failover(request, True, decisions)
-        deadline = None if self._timeout is None else request.submitted_at + self._timeout
-        if deadline is not None and deadline <= now:
-            decisions.append(self._timed_out(request, now))
-        else:
-            group.retries.push(request)
-            self._pending += 1
-            if deadline is not None:
-                request.deadline = deadline
-                self._deadlines.push(request, self._pending)
-        return Failover(request, True, decisions)
+        request = lease.request
+        decisions = self._expire_due(now)
+        retried = self._release(lease, now, failure, decisions, request)
+        return Failover(request, retried, decisions)
 
     def probed(self, key: ProviderKey, ok: bool, reason: str | None, now: float) -> list[Decision]:
         """A probe the outbox asked for came back (``reason`` says why it failed)."""
@@ -391,7 +345,10 @@ class PoolScheduler:
             else:
                 slot.update(provider)
                 slot.memberships = []
-            slot.health.can_probe = provider.probe
+            if slot.health.can_probe is not provider.probe:
+                # Its next health time may move (a probe due or not): arm a timer for it.
+                slot.health.can_probe = provider.probe
+                self._arm(slot)
             slots[provider.key] = slot
         for slot in self._slots.values():
             slot.retire()
@@ -420,6 +377,90 @@ class PoolScheduler:
         self._policy = policy
         self._max_queue = policy.max_queue
         self._timeout = policy.queue_timeout_s
+
+    def _release(
+        self,
+        lease: SlotLease,
+        now: float,
+        outcome: Outcome,
+        decisions: list[Decision],
+        failing: PendingRequest | None,
+    ) -> bool:
+        """Release ``lease`` (not yet released) with ``outcome``, then hand on what it freed.
+
+        ``failing`` (from :meth:`fail`) is the lease's request: it re-enters admission after
+        health has taken the failure in (an ejection may start a panic that opens other
+        providers) and before any slot is handed on, so no queued request overtakes it.
+        Returns whether it was retried.
+        """
+        lease.released = True
+        self._released += 1
+        slot = lease.slot
+        slot.in_flight -= 1
+        if lease.long_context:
+            slot.long_in_flight -= 1
+        if not slot.in_policy:
+            if slot.in_flight == 0:
+                self._retired.pop(slot.key, None)
+            return failing is not None and self._fail_over(failing, slot.key, now, decisions)
+        health = slot.health
+        if slot.enabled and (outcome is not None or health.trial is lease):
+            if health.trial is lease:
+                # The trial ended: whatever it says below decides, and an outcome that leaves
+                # the provider half-open (the client left, a 429) lets the next request be it.
+                health.trial = None
+            if outcome == OK:
+                event = health.succeeded(now, started=lease.granted_at)
+            elif outcome is None:
+                event = None
+            else:
+                assert isinstance(outcome, Failure)
+                event = health.failed(outcome, now, self._policy.health)
+            if event is not None or health.usable is not slot.usable:
+                if event is not None:
+                    self._events.append((slot.key, event))
+                return self._health_changed(slot, now, decisions, failing)
+        retried = failing is not None and self._fail_over(failing, slot.key, now, decisions)
+        if not (self._pending and self._refill(slot, now, decisions)):
+            slot.changed()
+        return retried
+
+    def _fail_over(
+        self, request: PendingRequest, tried: ProviderKey, now: float, decisions: list[Decision]
+    ) -> bool:
+        """Put ``request``, whose attempt on ``tried`` failed, back into admission ahead of the
+        queue (see :meth:`fail`); return whether it was retried."""
+        request.tried = request.tried | {tried}
+        group = self._groups.get(request.group_id)
+        if (
+            request.attempts >= self._policy.max_attempts
+            or group is None
+            or not group.has_untried(request.tried)
+        ):
+            return False
+        deadline = None if self._timeout is None else request.submitted_at + self._timeout
+        # Others of this group failing over already wait: this one joins them (the oldest goes
+        # first), so every untried member's free capacity goes round in order.
+        joins = bool(group.retries.live)
+        membership = None if joins else group.best_untried(request.long_context, request.tried)
+        if membership is None and deadline is not None and deadline <= now:
+            return False  # past its deadline with no slot at once: the failure is the answer
+        self._failovers += 1
+        request.state = RequestState.PENDING
+        request.lease = None
+        if membership is not None:
+            decisions.append(self._dispatch(request, membership, now))
+            return True
+        group.retries.push(request)
+        self._pending += 1
+        request.deadline = deadline
+        if deadline is not None:
+            self._deadlines.push(request, self._pending)
+        if joins:
+            for member in group.members:
+                if member.slot.key not in request.tried:
+                    self._refill(member.slot, now, decisions)
+        return True
 
     def _dispatch(self, request: PendingRequest, membership: Membership, now: float) -> Dispatch:
         """Give ``request`` a slot on ``membership``'s provider (the caller checked it is free)."""
@@ -506,12 +547,12 @@ class PoolScheduler:
             group = membership.group
             if not group.retries.live or not (slot.usable or group.panic):
                 continue
+            # The retries queue is in order of failure, not of arrival: scan it (it is short).
             for request in group.retries:
                 if key in request.tried or (request.long_context and not long_free):
                     continue
                 if oldest is None or request.request_id < oldest.request_id:
                     oldest, chosen = request, membership
-                break  # oldest first within the group
         return None if oldest is None or chosen is None else (oldest, chosen)
 
     def _dispatch_all(self, now: float, decisions: list[Decision]) -> None:
@@ -571,9 +612,17 @@ class PoolScheduler:
                 self._events.append((key, event))
             self._health_changed(slot, now, decisions)
 
-    def _health_changed(self, slot: ProviderSlot, now: float, decisions: list[Decision]) -> None:
+    def _health_changed(
+        self,
+        slot: ProviderSlot,
+        now: float,
+        decisions: list[Decision],
+        failing: PendingRequest | None = None,
+    ) -> bool:
         """Bring the candidate indexes, the groups' panic and the pending requests in step
-        with ``slot``'s health, and arm its next health timer."""
+        with ``slot``'s health, and arm its next health timer. ``failing`` (a request whose
+        attempt on ``slot`` just failed) re-enters admission before any slot is handed on;
+        returns whether it was retried."""
         slot.usable = slot.health.usable
         touched = [slot]
         for membership in slot.memberships:
@@ -583,15 +632,21 @@ class PoolScheduler:
                 self._reoffer(group)
                 touched.extend(m.slot for m in group.members if m.slot is not slot)
         slot.changed()
-        when = slot.health.next_time()
-        if when is not None:
-            self._timer_seq += 1
-            heapq.heappush(self._health_timers, (when, self._timer_seq, slot))
+        self._arm(slot)
+        retried = failing is not None and self._fail_over(failing, slot.key, now, decisions)
         if self._pending:
             for each in touched:
                 self._refill(each, now, decisions)
             for membership in slot.memberships:
                 self._sweep_retries(membership.group, decisions)
+        return retried
+
+    def _arm(self, slot: ProviderSlot) -> None:
+        """Arm a timer for ``slot``'s next health time (older ones turn stale)."""
+        when = slot.health.next_time()
+        if when is not None:
+            self._timer_seq += 1
+            heapq.heappush(self._health_timers, (when, self._timer_seq, slot))
 
     @staticmethod
     def _reoffer(group: ModelGroup) -> None:

@@ -28,7 +28,8 @@ REJECTION_COUNTERS: tuple[str, ...] = (
 Every rejected request is counted under exactly one key: ``config_change`` for a pending request
 dropped by a live policy swap (its error reason is still ``model_not_found`` or
 ``no_available_provider``), otherwise its reason. ``model_not_found`` and
-``no_available_provider`` therefore count only refusals at submit time.
+``no_available_provider`` therefore count refusals at submit time, and
+``no_available_provider`` also the requests failing over that lost their last untried provider.
 """
 
 STATUS_ACTIVE = "active"
