@@ -136,8 +136,9 @@ class Daemon:
                 self.log.warning(
                     "model_panic",
                     model=subject,
-                    message="every enabled provider of this model group is ejected: health is "
-                    "ignored for it (requests go to all of them) until one recovers",
+                    message="every enabled provider of this model group is out (ejected, or held "
+                    "by a 429): health is ignored for it (requests go to all of them) until one "
+                    "is back",
                 )
             else:
                 self.log.info("model_panic_over", model=subject)

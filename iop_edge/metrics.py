@@ -102,7 +102,8 @@ class StateCollector(Collector):
         )
         panic = GaugeMetricFamily(
             "iop_edge_model_panic",
-            "1 while every enabled provider of the model group is ejected (health ignored).",
+            "1 while every enabled provider of the model group is out, ejected or held by a "
+            "429 (panic: health is ignored for the group).",
             labels=["model"],
         )
         for p in stats.providers:

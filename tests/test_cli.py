@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from iop_edge.cli import format_status
 from iop_edge.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,3 +222,51 @@ def test_refresh_usage_errors_exit_2(tmp_path):
         "config", "refresh", "--offline", running, "--config", candidate, "--dry-run", "--apply"
     )
     assert both.returncode == 2
+
+
+def test_status_names_ejected_held_and_half_open_providers_and_panicking_models():
+    def entry(pid: str, health: str, **fields: Any) -> dict[str, Any]:
+        return {
+            "node": "gpu",
+            "id": pid,
+            "status": "active",
+            "health": health,
+            "in_flight": 0,
+            "capacity": 2,
+            "long_in_flight": 0,
+            "long_context_capacity": 2,
+            "priority": 0,
+            "consecutive_failures": 0,
+            "last_failure": None,
+            "ejected_until": None,
+            "half_open": False,
+            "held_until": None,
+        } | fields
+
+    status = {
+        "edge": "e",
+        "config": {"hash": "0" * 64, "generation": 1, "path": "edge.yaml", "restart_pending": []},
+        "queue": {"depth": 0, "max_queue": 16, "queue_timeout_ms": 30000},
+        "providers": [
+            entry("ok", "healthy"),
+            entry(
+                "dead",
+                "unhealthy",
+                consecutive_failures=3,
+                ejected_until="2026-12-01T10:00:10.000+00:00",
+                last_failure="cannot connect: Connection refused",
+            ),
+            entry("trial", "unhealthy", half_open=True),
+            entry("busy", "healthy", held_until="2026-12-01T10:00:30.000+00:00"),
+        ],
+        "models": [{"id": "chat", "providers": 2, "panic": True}],
+        "counters": {"admitted": 5, "released": 5, "failovers": 2, "rejected": {}},
+    }
+    text = format_status(status)
+    assert "gpu/dead: ejected until 2026-12-01T10:00:10.000+00:00 after 3 consecutive" in text
+    assert "  last failure: cannot connect: Connection refused" in text
+    assert "gpu/trial: half-open, the next request is a trial" in text
+    assert "gpu/busy: held out until 2026-12-01T10:00:30.000+00:00 (429 Retry-After)" in text
+    assert "gpu/ok" not in text.split("\n\n")[-2]  # a healthy provider needs no line
+    assert "model chat: PANIC" in text
+    assert "failovers 2" in text

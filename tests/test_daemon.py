@@ -210,8 +210,11 @@ def test_the_alert_rules_cover_the_operational_failures():
         "IopEdgeQueueSaturated",
         "IopEdgeQueueTimeoutsRising",
         "IopEdgeProviderErrorRate",
+        "IopEdgeProviderDown",
+        "IopEdgeModelPanic",
     }
     assert alerts["IopEdgeRestartPending"]["for"] == "1h"
+    assert alerts["IopEdgeProviderDown"]["for"] == "5m"
     metrics = " ".join(r["expr"] for r in alerts.values())
     for name in (
         "iop_edge_config_last_reload_successful",
@@ -219,6 +222,8 @@ def test_the_alert_rules_cover_the_operational_failures():
         "iop_edge_queue_depth",
         "iop_edge_admission_rejected_total",
         "iop_edge_upstream_errors_total",
+        "iop_edge_provider_up",
+        "iop_edge_model_panic",
     ):
         assert name in metrics
     if shutil.which("promtool"):

@@ -46,7 +46,8 @@ class RequestRecord:
 
     def failed_over(self, kind: str, code: str) -> None:
         """The attempt on the current provider failed before the client got a byte, and the
-        request goes on to another provider."""
+        request re-enters admission for another provider (it may still time out or be left
+        while it waits)."""
         self.failovers.append((self.node or "", self.provider or "", kind, code))
 
     def log_fields(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import re
 import time
@@ -325,13 +326,15 @@ class OpenAIServer:
                 if not isinstance(attempt, _Failed):
                     return attempt
                 failed, lease = lease, None  # released by failover(), whatever it returns
-                next_lease = await self.scheduler.failover(failed, attempt.failure)
-                if next_lease is None:
+                # Recorded before the wait: a retry that times out in the queue, or whose
+                # client leaves, still logs and counts the attempt that failed.
+                record.failed_over(attempt.failure.kind, _failure_code(attempt.error))
+                lease = await self.scheduler.failover(failed, attempt.failure)
+                if lease is None:
+                    record.failovers.pop()  # no retry: this attempt's error is the answer
                     if isinstance(attempt.error, AdapterError):
                         raise attempt.error
                     return self._reply(record, attempt.error)
-                record.failed_over(attempt.failure.kind, _failure_code(attempt.error))
-                lease = next_lease
         finally:
             if lease is not None:
                 lease.release()
@@ -384,8 +387,12 @@ class OpenAIServer:
             record.error = reply.detail  # what the upstream said: the log's, not the client's
         else:
             record.time_to_first_token = self.clock.now() - record.started
+        headers = _ids(record)
+        if reply.retry_after is not None:
+            # The upstream's 429 reaches the client with its Retry-After (whole seconds).
+            headers["Retry-After"] = str(math.ceil(reply.retry_after))
         return web.Response(
-            body=reply.body, status=reply.status, content_type=_JSON, headers=_ids(record)
+            body=reply.body, status=reply.status, content_type=_JSON, headers=headers
         )
 
     async def _relay(

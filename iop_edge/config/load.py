@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from iop_edge.config import paths
 from iop_edge.config.limits import MAX_DEPTH, check_node_graph, check_values
 from iop_edge.config.redact import ARGS_KEYS, REDACTED, SECRET_KEYS, SECRET_MAPS, redact_text
-from iop_edge.config.schema import EdgeConfig, _show
+from iop_edge.config.schema import UNION_TAGS, EdgeConfig, _show
 from iop_edge.config.validate import validate_config
 from iop_edge.errors import ConfigError, ConfigProblem
 
@@ -192,7 +192,7 @@ def problems_from_validation_error(exc: ValidationError, raw: Any) -> list[Confi
     """Turn pydantic's errors into path-qualified problems that name the value and the rule."""
     problems = []
     for err in exc.errors(include_url=False):
-        loc = tuple(err["loc"])
+        loc = tuple(p for p in err["loc"] if p not in UNION_TAGS)
         path = paths.render_loc(loc, raw)
         field = next((str(p) for p in reversed(loc) if isinstance(p, str)), "value")
         kind = err["type"]

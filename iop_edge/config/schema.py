@@ -21,9 +21,11 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     Strict,
     StrictBool,
+    Tag,
     model_validator,
 )
 
@@ -430,6 +432,22 @@ class HealthCheck(_Section):
     timeout_ms: Positive = DEFAULT_PROBE_TIMEOUT_MS
 
 
+def _health_check_kind(value: Any) -> str:
+    return "health_check:off" if isinstance(value, bool) else "health_check:on"
+
+
+#: Tags of the union members of ``health_check``: a problem's path leaves them out.
+UNION_TAGS: Final = frozenset({"health_check:on", "health_check:off"})
+
+# A HealthCheck, or a boolean (`true` becomes the type's default check before this is
+# validated; the validator refuses `true` on a cli provider). The discriminator reports a bad
+# value against the one member it was meant for.
+HealthCheckSetting = Annotated[
+    Annotated[HealthCheck, Tag("health_check:on")] | Annotated[StrictBool, Tag("health_check:off")],
+    Discriminator(_health_check_kind),
+]
+
+
 class Adapter(ExecutionFields):
     """A named adapter instance of a node (``nodes[].adapters[]``)."""
 
@@ -488,7 +506,7 @@ class Provider(ExecutionFields):
     priority: NonNegative = 0
     max_queue: NonNegative | None = None
     queue_timeout_ms: NonNegative | None = None
-    health_check: HealthCheck | StrictBool = False
+    health_check: HealthCheckSetting = False
 
     _normalize = model_validator(mode="before")(_runtime_type)
 

@@ -79,6 +79,7 @@ _FIELD_PARSERS: dict[str, Callable[[str], object]] = {
     "status": int,
     "error_message": str,
     "error_code": _parse_optional_str,
+    "retry_after": _parse_optional_str,
     "fault": _parse_fault,
     "fault_after": int,
     "hold": _parse_bool,
@@ -101,7 +102,8 @@ class FakeBehavior:
     chunks, so the count is always exact).
 
     Errors: ``status`` other than 200 answers at once (after ``latency``) with the protocol's
-    error body carrying ``error_message`` (and ``error_code`` in the OpenAI envelope).
+    error body carrying ``error_message`` (and ``error_code`` in the OpenAI envelope), and a
+    ``Retry-After`` header when ``retry_after`` is set (its value as is: seconds or a date).
 
     ``fault`` breaks the response after ``fault_after`` body frames have been written (0: right
     after the headers). A *frame* is one SSE event or NDJSON line of a stream; a non-streaming
@@ -133,6 +135,7 @@ class FakeBehavior:
     status: int = 200
     error_message: str = _DEFAULT_ERROR_MESSAGE
     error_code: str | None = None
+    retry_after: str | None = None
     fault: Fault | None = None
     fault_after: int = 0
     hold: bool = False

@@ -113,7 +113,7 @@ class FakeUpstream:
     4. then fields from a directive in the last user message (``[[fake:fault=reset]]``).
 
     A malformed header or directive gets a 400 naming the field. Model listings honour only
-    the header's ``latency``, ``status`` and ``disconnect``.
+    ``latency``, ``status`` and ``disconnect``, of :attr:`listing` then of the header.
 
     **Observation**: :attr:`requests` keeps the last ``record_limit`` requests of every kind;
     :attr:`in_flight`, :attr:`max_in_flight`, :attr:`total_requests`, :attr:`completed` and
@@ -134,6 +134,9 @@ class FakeUpstream:
     ) -> None:
         self.behavior = behavior
         """The default behaviour; reassign it to change what later requests get."""
+        self.listing = DEFAULT_BEHAVIOR
+        """What model listings get (their ``latency``, ``status`` and ``disconnect``): reassign
+        it to make a health check fail while generation still works."""
         self.models: tuple[str, ...] = tuple(models)
         """Models listed by the fake; with ``strict_models`` any other model gets a 404."""
         self.strict_models = strict_models
@@ -459,13 +462,17 @@ class FakeUpstream:
         )
 
     def _failure(self, behavior: FakeBehavior, status: int | None = None) -> web.Response:
-        return self._error_response(
+        response = self._error_response(
             status or behavior.status, behavior.error_message, code=behavior.error_code
         )
+        if behavior.retry_after is not None:
+            response.headers["Retry-After"] = behavior.retry_after
+        return response
 
     async def _listing(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        """Answer a model listing, honouring the header's latency, status and disconnect."""
-        behavior = DEFAULT_BEHAVIOR
+        """Answer a model listing, honouring :attr:`listing` and the header's latency, status
+        and disconnect."""
+        behavior = self.listing
         query = request.headers.get(BEHAVIOR_HEADER)
         if query:
             try:

@@ -84,7 +84,7 @@ def leaks(daemon: Daemon, *, processes: bool = True) -> dict[str, int]:
     """Everything that should be zero once the edge is at rest; any non-zero value is a leak.
 
     ``unreleased`` is ``admitted - released``; ``unaccounted`` breaks the scheduler's identity
-    ``submitted == admitted + sum(rejected) + queue_depth``.
+    ``submitted + failovers == admitted + sum(rejected) + queue_depth``.
     """
     stats = daemon.scheduler.statistics()
     found = {
@@ -92,7 +92,11 @@ def leaks(daemon: Daemon, *, processes: bool = True) -> dict[str, int]:
         "queue_depth": stats.queue_depth,
         "unreleased": stats.admitted - stats.released,
         "double_releases": stats.double_releases,
-        "unaccounted": stats.submitted - stats.admitted - stats.rejected_total - stats.queue_depth,
+        "unaccounted": stats.submitted
+        + stats.failovers
+        - stats.admitted
+        - stats.rejected_total
+        - stats.queue_depth,
         "cli_runs": sum(
             a.live_process_groups + a.kills_pending for a in daemon.adapters.statistics()
         ),

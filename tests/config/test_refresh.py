@@ -77,6 +77,11 @@ def on_provider(pid: str, **changes: Any) -> Edit:
     return lambda doc: provider(doc, pid).update(changes)
 
 
+def on_pool(section: str, **changes: Any) -> Edit:
+    """An edit that updates ``provider_pool.<section>`` (failover, health)."""
+    return lambda doc: doc.setdefault("provider_pool", {}).setdefault(section, {}).update(changes)
+
+
 def on_model(mid: str, **changes: Any) -> Edit:
     """An edit that updates the fields of model ``mid``."""
     return lambda doc: next(m for m in doc["models"] if m["id"] == mid).update(changes)
@@ -107,6 +112,23 @@ LIVE = [
         [],
         [],
     ),
+    *[
+        (
+            f"{section}.{key}",
+            on_pool(section, **{key: value}),
+            f"provider_pool.{section}.{key}",
+            [],
+            [],
+            [],
+        )
+        for section, key, value in [
+            ("failover", "max_attempts", 3),
+            ("health", "failure_threshold", 5),
+            ("health", "eject_ms", 20000),
+            ("health", "max_eject_ms", 600000),
+            ("health", "probe_interval_ms", 500),
+        ]
+    ],
     (
         "capacity",
         on_provider("vllm-a", capacity=8),
@@ -347,6 +369,27 @@ RESTART = [
         "provider models",
         on_provider("vllm-a", models=["chat", "more"]),
         "nodes[gpu-1].providers[vllm-a].models",
+        ["gpu-1"],
+        ["vllm-a"],
+    ),
+    (
+        "provider health_check off",
+        on_provider("vllm-a", health_check=False),
+        "nodes[gpu-1].providers[vllm-a].health_check",
+        ["gpu-1"],
+        ["vllm-a"],
+    ),
+    (
+        "provider health_check path",
+        on_provider("vllm-a", health_check={"path": "/health"}),
+        "nodes[gpu-1].providers[vllm-a].health_check.path",
+        ["gpu-1"],
+        ["vllm-a"],
+    ),
+    (
+        "provider health_check timeout",
+        on_provider("vllm-a", health_check={"timeout_ms": 500}),
+        "nodes[gpu-1].providers[vllm-a].health_check.timeout_ms",
         ["gpu-1"],
         ["vllm-a"],
     ),

@@ -622,3 +622,115 @@ def test_an_enabled_provider_needs_a_base_url_or_command_on_itself_or_its_adapte
     assert "cli upstreams need command" in problem_at(doc, "nodes[gpu-1].providers[echo].command")
     node(doc)["providers"][-1]["enabled"] = False  # structural checks only
     load(doc)
+
+
+# --- health and failover (SPEC §5.1) --------------------------------------------------------
+
+
+def add_provider(doc: dict[str, Any], pid: str, kind: str, adapter: str, **fields: Any) -> None:
+    node(doc)["providers"].append(
+        {"id": pid, "type": kind, "category": "api", "adapter": adapter, "models": ["chat"]}
+        | fields
+    )
+
+
+def test_failover_and_health_default_when_omitted():
+    pool = load(base_doc()).provider_pool
+    assert pool.failover.max_attempts == 2
+    health = pool.health
+    assert (
+        health.failure_threshold,
+        health.eject_ms,
+        health.max_eject_ms,
+        health.probe_interval_ms,
+    ) == (3, 10_000, 300_000, 2_000)
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("failover", "max_attempts"),
+        ("health", "failure_threshold"),
+        ("health", "eject_ms"),
+        ("health", "max_eject_ms"),
+        ("health", "probe_interval_ms"),
+    ],
+)
+def test_failover_and_health_values_are_positive_integers(section, key):
+    doc = base_doc()
+    doc["provider_pool"][section] = {key: 0}
+    message = problem_at(doc, f"provider_pool.{section}.{key}")
+    assert message.startswith(f"0 is not positive; {key} must be > 0")
+    doc["provider_pool"][section] = {key: "3"}
+    assert problem_at(doc, f"provider_pool.{section}.{key}")
+
+
+def test_failover_and_health_sections_are_strict():
+    doc = base_doc()
+    doc["provider_pool"]["health"] = {"eject_seconds": 10}
+    assert problem_at(doc, "provider_pool.health.eject_seconds").startswith("unknown key")
+
+
+def test_max_eject_ms_is_at_least_eject_ms():
+    doc = base_doc()
+    doc["provider_pool"]["health"] = {"eject_ms": 20_000, "max_eject_ms": 5_000}
+    message = problem_at(doc, "provider_pool.health.max_eject_ms")
+    assert message.startswith("5000 is below eject_ms 20000")
+    doc["provider_pool"]["health"] = {"eject_ms": 20_000, "max_eject_ms": 20_000}
+    assert load(doc).provider_pool.health.max_eject_ms == 20_000
+
+
+def health_checks(doc: dict[str, Any]) -> dict[str, tuple[str, int] | bool]:
+    """Each provider's effective health check as ``(path, timeout_ms)``, or ``False``."""
+    return {
+        p.id: False if isinstance(p.health_check, bool) else astuple(p.health_check)
+        for p in load(doc).nodes[0].providers
+    }
+
+
+def astuple(check: Any) -> tuple[str, int]:
+    return (check.path, check.timeout_ms)
+
+
+def test_health_check_defaults_follow_the_runtime_type():
+    doc = base_doc()
+    add_provider(doc, "ollama-b", "ollama", "ollama-local")
+    add_provider(doc, "hosted", "seulgivibe_openai", "vllm-main")
+    add_provider(doc, "agent", "cli", "shell", category="cli")
+    assert health_checks(doc) == {
+        "vllm-a": ("/models", 2000),
+        "hosted": ("/models", 2000),
+        "ollama-b": ("/api/tags", 2000),
+        "agent": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("given", "effective"),
+    [
+        ({"timeout_ms": 500}, ("/models", 500)),  # the type's path is kept
+        ({"path": "/health"}, ("/health", 2000)),
+        (True, ("/models", 2000)),
+        (False, False),
+    ],
+)
+def test_a_health_check_may_be_set_turned_on_or_off(given, effective):
+    doc = base_doc()
+    provider(doc)["health_check"] = given
+    assert health_checks(doc)["vllm-a"] == effective
+
+
+def test_a_health_check_path_starts_with_a_slash():
+    doc = base_doc()
+    provider(doc)["health_check"] = {"path": "models"}
+    message = problem_at(doc, "nodes[gpu-1].providers[vllm-a].health_check.path")
+    assert message.startswith("'models' is not a path; path must start with '/'")
+
+
+@pytest.mark.parametrize("check", [True, {"path": "/health"}])
+def test_a_cli_provider_has_no_health_check(check):
+    doc = base_doc()
+    add_provider(doc, "agent", "cli", "shell", category="cli", health_check=check)
+    message = problem_at(doc, "nodes[gpu-1].providers[agent].health_check")
+    assert "is not available for a cli provider" in message
+    assert "one trial request" in message

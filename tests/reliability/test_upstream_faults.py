@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,7 @@ from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.testing.fake_behavior import FakeBehavior
 from tests.helpers import FAKE_CLI, process_gone, settled, wait_for
-from tests.reliability.harness import raw_upstream
+from tests.reliability.harness import closed_port, raw_upstream
 
 SHORT_MS = 300
 """``request_timeout_ms`` of the ``-short`` providers: the stall and hang rows wait this long."""
@@ -34,10 +33,7 @@ SHORT_MS = 300
 
 def closed_port_url(path: str = "") -> str:
     """A loopback URL where nothing listens (connection refused)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}{path}"
+    return f"http://127.0.0.1:{closed_port()}{path}"
 
 
 def fault_doc(oa_url: str, ol_url: str) -> dict[str, Any]:

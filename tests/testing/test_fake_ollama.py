@@ -131,6 +131,19 @@ async def test_tags_version_and_root(fake: FakeOllama, session: aiohttp.ClientSe
         assert await response.text() == "Ollama is running"
 
 
+async def test_listing_behavior_fails_the_tags_list(
+    fake: FakeOllama, session: aiohttp.ClientSession
+) -> None:
+    """`listing` is what `GET /api/tags` gets: a health check can fail on a live server."""
+    fake.listing = FakeBehavior(status=500)
+    async with session.get(f"{fake.base_url}/api/tags") as response:
+        assert response.status == 500
+        assert "error" in await response.json()
+    fake.listing = FakeBehavior()
+    async with session.get(f"{fake.base_url}/api/tags") as response:
+        assert response.status == 200
+
+
 async def test_strict_models_and_errors_use_ollama_error_shape(
     session: aiohttp.ClientSession,
 ) -> None:

@@ -225,6 +225,35 @@ async def test_status_500_raises_sdk_internal_server_error(client: openai.AsyncO
     }
 
 
+async def test_retry_after_rides_on_an_error_status(client: openai.AsyncOpenAI) -> None:
+    """`retry_after` adds a `Retry-After` header to the error answer (a throttling server)."""
+    behavior = FakeBehavior(status=429, retry_after="7")
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.chat.completions.create(
+            model="m", messages=MESSAGES, extra_headers={BEHAVIOR_HEADER: behavior.to_query()}
+        )
+    assert caught.value.response.headers["Retry-After"] == "7"
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi [[fake:status=429]]"}]
+        )
+    assert "Retry-After" not in caught.value.response.headers
+
+
+async def test_listing_behavior_fails_the_model_list_while_chat_works(
+    fake: FakeOpenAI, client: openai.AsyncOpenAI
+) -> None:
+    """`listing` is what `GET /v1/models` gets (a health check failing on a live server)."""
+    fake.listing = FakeBehavior(status=503)
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.models.list()
+    assert caught.value.status_code == 503
+    reply = await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert reply.choices[0].message.content == "tell me three words"
+    fake.listing = FakeBehavior()
+    assert [model.id async for model in client.models.list()] == ["fake-model"]
+
+
 async def test_directive_in_user_message_selects_behavior(
     fake: FakeOpenAI, client: openai.AsyncOpenAI
 ) -> None:
