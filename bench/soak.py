@@ -1,6 +1,6 @@
 """Long reliability runs of iop-edge (not part of ``make test``); prints Markdown, then JSON.
 
-Three runs, each switchable:
+Four runs, each switchable:
 
 - **memory** (``--requests N``, default 100,000): ``iop-edge serve`` and the fake OpenAI
   upstream as subprocesses; ``--concurrency`` raw aiohttp clients send N chat requests
@@ -12,15 +12,29 @@ Three runs, each switchable:
   storm of ``iop_edge.testing.reload_storm`` at full size, in process, under SDK load.
 - **fuzz** (``--fuzz N`` Hypothesis candidates, ``--seed``): the config fuzzer of
   ``iop_edge.testing.config_fuzz`` at full size, in process, under SDK load.
+- **flapping** (``--flap-cycles`` times down ``--flap-down`` s, then up ``--flap-up`` s;
+  issue 12): ``iop-edge serve`` as a subprocess with model ``chat`` on two fake OpenAI
+  upstreams, ``steady`` and ``flappy``; ``flappy`` (a ``FlappingUpstream`` of the reliability
+  harness) is stopped and started again on the same port while ``--flap-concurrency`` raw
+  aiohttp clients ask ``chat`` (30 % streaming). Health is tuned so recovery shows:
+  ``failure_threshold`` 3, ``--flap-eject-ms`` 1000, ``--flap-probe-ms`` 250, two attempts.
+  Reported: requests, failures seen by clients, failovers by reason, ejections, probes and
+  recoveries (``/metrics``, the ``provider_ejected`` / ``provider_recovered`` log lines), how
+  long after each stop the provider was ejected and how long after each restart it was
+  healthy and serving again (its first answered request).
 
 Usage::
 
-    .venv/bin/python bench/soak.py                      # all three, default sizes
+    .venv/bin/python bench/soak.py                      # all four, default sizes
     .venv/bin/python bench/soak.py --requests 20000 --skip storm,fuzz
+    .venv/bin/python bench/soak.py --skip memory,storm,fuzz --flap-cycles 4   # flapping, 40 s
     .venv/bin/python bench/soak.py --json bench/results/soak.json
 
 Exit status 0 when every run passed its criteria (memory: no failure, no leak, RSS growth
-under 10 %; storm and fuzz: no failed request, no leak, every judgement as expected).
+under 10 %; storm and fuzz: no failed request, no leak, every judgement as expected;
+flapping: no failure seen by a client, an ejection in every down phase, a recovery by probe in
+every up phase and serving again within ``eject_ms + probe_interval_ms`` of each restart, the
+steady provider never ejected, no panic, no leak).
 """
 
 from __future__ import annotations
@@ -59,6 +73,22 @@ from iop_edge.testing.reload_storm import (
     storm_doc,
     storm_plan,
     watched_edge,
+)
+
+# The reliability harness (the edge as a subprocess, what an operator reads back, the flapping
+# upstream) lives with the tests; the repository root makes it importable from here.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.reliability.harness import (
+    EdgeProcess,
+    FlappingUpstream,
+    FlapState,
+    edge_at_rest,
+    edge_metrics,
+    edge_process,
+    edge_status,
+    log_events,
+    status_leaks,
 )
 
 IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))
@@ -140,6 +170,19 @@ class MemoryLoad:
 
             async def worker() -> None:
                 while self.next < limit:
+                    n = self.next
+                    self.next += 1
+                    await self.one(session, n)
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    async def run_until(self, stop: asyncio.Event, concurrency: int) -> None:
+        """Send requests with ``concurrency`` workers until ``stop`` is set."""
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def worker() -> None:
+                while not stop.is_set():
                     n = self.next
                     self.next += 1
                     await self.one(session, n)
@@ -404,6 +447,244 @@ async def fuzz_run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+# --- flapping provider (issue 12) ------------------------------------------------------------
+
+FLAP_THRESHOLD = 3
+"""``failure_threshold`` of the flapping run (the default)."""
+
+
+def flapping_config(steady: str, flappy: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Model ``chat`` on two OpenAI-compatible providers, ``steady`` and ``flappy`` (the fakes
+    at those base URLs, each with the default health check ``GET /models``); two attempts per
+    request, health tuned by ``--flap-eject-ms`` and ``--flap-probe-ms``."""
+
+    def provider(pid: str) -> dict[str, Any]:
+        return {
+            "id": pid,
+            "type": "openai_compat",
+            "category": "api",
+            "adapter": pid,
+            "models": ["fake-model"],
+            "capacity": 64,
+        }
+
+    return {
+        "openai": {"listen": "127.0.0.1:0"},
+        "metrics": {"listen": "127.0.0.1:0"},
+        "console": {"listen": "127.0.0.1:0"},
+        "logging": {"level": "info", "format": "json"},
+        "provider_pool": {
+            "max_queue": 256,
+            "queue_timeout_ms": 30000,
+            "failover": {"max_attempts": 2},
+            "health": {
+                "failure_threshold": FLAP_THRESHOLD,
+                "eject_ms": args.flap_eject_ms,
+                "max_eject_ms": max(300_000, args.flap_eject_ms),
+                "probe_interval_ms": args.flap_probe_ms,
+            },
+        },
+        "models": [
+            {"id": "chat", "context_window_tokens": 8192, "providers": ["steady", "flappy"]}
+        ],
+        "nodes": [
+            {
+                "id": "local",
+                "adapters": [
+                    {"name": "steady", "type": "openai_compat", "base_url": steady},
+                    {"name": "flappy", "type": "openai_compat", "base_url": flappy},
+                ],
+                "providers": [provider("steady"), provider("flappy")],
+            }
+        ],
+    }
+
+
+class HealthTimeline:
+    """What ``/admin/status`` says of one provider, polled every ``interval`` seconds: each
+    change of its health or ejection count, with the loop time it was seen at."""
+
+    def __init__(self, edge: EdgeProcess, provider: str, interval: float = 0.01) -> None:
+        self.edge = edge
+        self.provider = provider
+        self.interval = interval
+        self.changes: list[tuple[float, str, int]] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until ``stop`` is set."""
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            status = await edge_status(self.edge)
+            p = next(p for p in status["providers"] if p["id"] == self.provider)
+            seen = (p["health"], p["ejections"])
+            if not self.changes or self.changes[-1][1:] != seen:
+                self.changes.append((loop.time(), *seen))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval)
+
+    def ejected_after(self, began: float, until: float) -> float | None:
+        """Seconds from ``began`` to the first ejection seen before ``until`` (``None``: none)."""
+        before = max((c[2] for c in self.changes if c[0] <= began), default=0)
+        return next(
+            (round(t - began, 3) for t, _, n in self.changes if began < t < until and n > before),
+            None,
+        )
+
+    def ejections_between(self, began: float, until: float) -> int:
+        """Ejections (renewals included) counted from ``began`` to ``until``."""
+        counts = [n for t, _, n in self.changes if t <= until]
+        before = [n for t, _, n in self.changes if t <= began]
+        return (counts[-1] if counts else 0) - (before[-1] if before else 0)
+
+    def healthy_after(self, began: float, until: float) -> float | None:
+        """Seconds from ``began`` to the provider seen healthy before ``until``."""
+        return next(
+            (
+                round(t - began, 3)
+                for t, h, _ in self.changes
+                if began < t < until and h == "healthy"
+            ),
+            None,
+        )
+
+
+async def flapping_run(args: argparse.Namespace) -> dict[str, Any]:
+    """A provider down ``--flap-down`` s, up ``--flap-up`` s, ``--flap-cycles`` times, while
+    another one of its model group stays healthy, under steady load.
+
+    Each fake waits ``--flap-latency`` before answering, so a stop cuts requests in flight on
+    ``flappy`` before their first byte (they fail over); it then writes a whole answer (a
+    stream too) in one go, so a stop never lands between a stream's first byte and its end,
+    where by design (SPEC §5.1) no failover is possible. ``healthy_after_restart_s`` is seen
+    by polling ``/admin/status`` every 10 ms; ``serving_after_restart_s`` is exact: when the
+    restarted fake finished its first answer.
+    """
+    loop = asyncio.get_running_loop()
+    behavior = FakeBehavior(latency=args.flap_latency)
+    phases: list[tuple[FlapState, float, FakeOpenAI]] = []
+    first_answers: list[asyncio.Task[float]] = []
+
+    async def first_answer(fake: FakeOpenAI, began: float) -> float:
+        await fake.wait_until(lambda: fake.completed > 0)
+        return round(loop.time() - began, 3)
+
+    def on_change(state: FlapState, cycle: int, fake: FakeOpenAI) -> None:
+        began = loop.time()
+        phases.append((state, began, fake))
+        if state == "up":
+            first_answers.append(asyncio.create_task(first_answer(fake, began)))
+
+    async with (
+        FakeOpenAI(behavior=behavior) as steady,
+        FlappingUpstream(behavior) as flappy,
+    ):
+        work = Path(tempfile.mkdtemp(prefix="iop-edge-flap-"))
+        config = work / "edge.yaml"
+        config.write_text(
+            yaml.safe_dump(flapping_config(steady.base_url, flappy.base_url, args), sort_keys=False)
+        )
+        with edge_process(config) as edge:
+            load = MemoryLoad(edge.addresses["openai"] + "/v1", fault_every=0, cli_every=0)
+            timeline = HealthTimeline(edge, "flappy")
+            stop = asyncio.Event()
+            first = flappy.fake
+            assert first is not None
+            tasks = [
+                asyncio.create_task(load.run_until(stop, args.flap_concurrency)),
+                asyncio.create_task(timeline.run(stop)),
+            ]
+            # Both providers serve before the first stop, so each stop hits a healthy provider.
+            async with asyncio.timeout(30):
+                await first.wait_until(lambda: first.completed > 0)
+                await steady.wait_until(lambda: steady.completed > 0)
+            started = loop.time()
+            await flappy.flap(args.flap_down, args.flap_up, args.flap_cycles, on_change)
+            ended = loop.time()
+            stop.set()
+            await asyncio.gather(*tasks)
+            for task in first_answers:
+                task.cancel()  # an up phase that never answered (its fake is stopped)
+            await asyncio.gather(*first_answers, return_exceptions=True)
+            metrics = await edge_metrics(edge)
+            status = await edge_at_rest(edge)
+        exit_code = edge.process.returncode  # edge_process checked it is 0
+    flappy_served = first.completed + sum(f.completed for s, _, f in phases if s == "up")
+    ends = [t for _, t, _ in phases[1:]] + [ended]
+    ejected_after: list[float | None] = []
+    renewals: list[int] = []
+    healthy_after: list[float | None] = []
+    for (state, began, _), until in zip(phases, ends, strict=True):
+        if state == "down":
+            ejected_after.append(timeline.ejected_after(began, until))
+            renewals.append(timeline.ejections_between(began, until))
+        else:
+            healthy_after.append(timeline.healthy_after(began, until))
+    serving_after = [None if task.cancelled() else task.result() for task in first_answers]
+    ejected = [e for e in log_events(edge, "provider_ejected") if e["provider"] == "flappy"]
+    recovered = [e for e in log_events(edge, "provider_recovered") if e["provider"] == "flappy"]
+    # "probe" in each up phase; "request" when an attempt granted before an ejection answered
+    # after it, which ends the ejection (the provider is ejected again by its next failures)
+    recovered_via: dict[str, int] = {}
+    for line in recovered:
+        recovered_via[line["via"]] = recovered_via.get(line["via"], 0) + 1
+    failovers: dict[str, int] = {}
+    for key, value in metrics.items():
+        if key.startswith("iop_edge_failovers_total{") and value:
+            reason = key.split('reason="', 1)[1].split('"', 1)[0]
+            failovers[reason] = failovers.get(reason, 0) + int(value)
+
+    def sample(name: str, provider: str, extra: str = "") -> int:
+        return int(metrics.get(f'{name}{{node="local",provider="{provider}"{extra}}}', 0))
+
+    bound = (args.flap_eject_ms + args.flap_probe_ms) / 1000
+    known = [s for s in serving_after if s is not None]
+    result = {
+        "cycles": args.flap_cycles,
+        "down_s": args.flap_down,
+        "up_s": args.flap_up,
+        "concurrency": args.flap_concurrency,
+        "health": f"threshold {FLAP_THRESHOLD}, eject {args.flap_eject_ms} ms, "
+        f"probe every {args.flap_probe_ms} ms, 2 attempts",
+        "requests_sent": load.sent,
+        "requests_ok": load.ok,
+        "failures": len(load.failures),
+        "failure_examples": load.failures[:5],
+        "answered_by_steady": steady.completed,
+        "answered_by_flappy": flappy_served,
+        "failovers_by_reason": failovers,
+        "ejections_flappy": sample("iop_edge_provider_ejections_total", "flappy"),
+        "ejections_steady": sample("iop_edge_provider_ejections_total", "steady"),
+        "ejections_per_down_phase": renewals,
+        "ejection_log_lines": len(ejected),
+        "recoveries": len(recovered),
+        "recoveries_via": recovered_via,
+        "probes_ok": sample("iop_edge_health_probes_total", "flappy", ',result="ok"'),
+        "probes_failed": sample("iop_edge_health_probes_total", "flappy", ',result="failed"'),
+        "panics": len(log_events(edge, "model_panic")),
+        "ejected_after_stop_s": ejected_after,
+        "healthy_after_restart_s": healthy_after,
+        "serving_after_restart_s": serving_after,
+        "max_serving_after_restart_s": max(known) if known else None,
+        "serving_bound_s": bound,
+        "leaks": status_leaks(status),
+        "elapsed_s": round(ended - started, 1),
+        "daemon_exit_code": exit_code,
+    }
+    result["passed"] = (
+        not load.failures
+        and None not in ejected_after
+        and len(known) == len(serving_after)
+        and max(known, default=0) <= bound
+        and None not in healthy_after
+        and recovered_via.get("probe", 0) >= args.flap_cycles
+        and sample("iop_edge_provider_ejections_total", "steady") == 0
+        and not result["panics"]
+        and not result["leaks"]
+        and exit_code == 0
+    )
+    return result
+
+
 # --- output ----------------------------------------------------------------------------------
 
 
@@ -415,7 +696,7 @@ def markdown(results: dict[str, Any]) -> str:
             continue
         out += [f"### {name}", "", "| figure | value |", "| --- | ---: |"]
         for key, value in values.items():
-            if key == "rss_samples_kb":
+            if isinstance(value, list) and key != "failure_examples":
                 value = ", ".join(str(v) for v in value)
             out.append(f"| {key} | {value} |")
         out.append("")
@@ -434,7 +715,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storm-bad", type=int, default=20)
     parser.add_argument("--fuzz", type=int, default=200)
     parser.add_argument("--seed", type=int, default=random.SystemRandom().randrange(2**31))
-    parser.add_argument("--skip", default="", help="comma-separated: memory,storm,fuzz")
+    parser.add_argument("--flap-cycles", type=int, default=6, help="down/up cycles; 0: none")
+    parser.add_argument("--flap-down", type=float, default=5.0, help="seconds down per cycle")
+    parser.add_argument("--flap-up", type=float, default=5.0, help="seconds up per cycle")
+    parser.add_argument("--flap-concurrency", type=int, default=8)
+    parser.add_argument("--flap-eject-ms", type=int, default=1000)
+    parser.add_argument("--flap-probe-ms", type=int, default=250)
+    parser.add_argument("--flap-latency", type=float, default=0.002, help="upstream latency, s")
+    parser.add_argument("--skip", default="", help="comma-separated: memory,storm,fuzz,flapping")
     parser.add_argument("--json", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -448,6 +736,8 @@ def main(argv: list[str] | None = None) -> int:
             results["fuzz"] = await fuzz_run(args)
         if "memory" not in skip:
             results["memory"] = await memory_run(args)
+        if "flapping" not in skip and args.flap_cycles:
+            results["flapping"] = await flapping_run(args)
         return results
 
     try:
