@@ -31,11 +31,10 @@ serve at all: for them ``config_change`` wins over ``queue_timeout``).
 
 from __future__ import annotations
 
-import heapq
 from types import MappingProxyType
 from typing import Final, Literal
 
-from iop_edge.pool.deadlines import DeadlineHeap
+from iop_edge.pool.deadlines import DeadlineHeap, HealthTimers
 from iop_edge.pool.decisions import (
     Decision,
     Dispatch,
@@ -84,11 +83,11 @@ class PoolScheduler:
         self._retired: dict[ProviderKey, ProviderSlot] = {}
         self._groups: dict[str, ModelGroup] = {}
         self._deadlines = DeadlineHeap()
-        self._health_timers: list[tuple[float, int, ProviderSlot]] = []
-        self._timer_seq = 0
+        self._health_timers = HealthTimers()
         self._events: list[Notice] = []
         self._failovers = 0
         self._pending = 0
+        self._retrying = 0  # of ``_pending``, the requests failing over
         self._last_id = 0
         self._submitted = 0
         self._admitted = 0
@@ -253,15 +252,10 @@ class PoolScheduler:
     def next_event(self) -> float | None:
         """When to call :meth:`expire` next: the earliest deadline or health timer, or ``None``."""
         deadline = self._deadlines.soonest()
-        timers = self._health_timers
-        if not timers:
+        when = self._health_timers.soonest()
+        if when is None or (deadline is not None and deadline <= when):
             return deadline
-        while timers and timers[0][2].health.next_time() != timers[0][0]:
-            heapq.heappop(timers)  # stale: the slot's timer moved
-        if not timers:
-            return deadline
-        when = timers[0][0]
-        return when if deadline is None or when < deadline else deadline
+        return when
 
     def apply_policy(self, policy: PoolPolicy, now: float) -> list[Decision]:
         """Swap in ``policy`` live (SPEC §4) and re-evaluate every pending request at once.
@@ -348,7 +342,7 @@ class PoolScheduler:
             if slot.health.can_probe is not provider.probe:
                 # Its next health time may move (a probe due or not): arm a timer for it.
                 slot.health.can_probe = provider.probe
-                self._arm(slot)
+                self._health_timers.arm(slot)
             slots[provider.key] = slot
         for slot in self._slots.values():
             slot.retire()
@@ -404,8 +398,9 @@ class PoolScheduler:
                 self._retired.pop(slot.key, None)
             return failing is not None and self._fail_over(failing, slot.key, now, decisions)
         health = slot.health
-        if slot.enabled and (outcome is not None or health.trial is lease):
-            if health.trial is lease:
+        trial = health.trial is lease
+        if slot.enabled and (outcome is not None or trial):
+            if trial:
                 # The trial ended: whatever it says below decides, and an outcome that leaves
                 # the provider half-open (the client left, a 429) lets the next request be it.
                 health.trial = None
@@ -416,7 +411,9 @@ class PoolScheduler:
             else:
                 assert isinstance(outcome, Failure)
                 event = health.failed(outcome, now, self._policy.health)
-            if event is not None or health.usable is not slot.usable:
+            # Whether a provider is usable changes only with an event or the end of a trial:
+            # the happy path (a healthy provider answered) stops here.
+            if event is not None or trial:
                 if event is not None:
                     self._events.append((slot.key, event))
                 return self._health_changed(slot, now, decisions, failing)
@@ -453,6 +450,7 @@ class PoolScheduler:
             return True
         group.retries.push(request)
         self._pending += 1
+        self._retrying += 1
         request.deadline = deadline
         if deadline is not None:
             self._deadlines.push(request, self._pending)
@@ -464,9 +462,12 @@ class PoolScheduler:
 
     def _dispatch(self, request: PendingRequest, membership: Membership, now: float) -> Dispatch:
         """Give ``request`` a slot on ``membership``'s provider (the caller checked it is free)."""
-        if request.queue is not None:
-            request.queue.discard(request)
+        queue = request.queue
+        if queue is not None:  # _dequeue, inlined: this is the hot path
+            queue.discard(request)
             self._pending -= 1
+            if request.attempts:
+                self._retrying -= 1
         slot = membership.slot
         group = membership.group
         group.choose(membership)
@@ -475,7 +476,8 @@ class PoolScheduler:
             slot.long_in_flight += 1
         lease = SlotLease(self, request, slot, now)
         health = slot.health
-        if health.half_open and health.trial is None and not group.panic:
+        # (``ejections`` first: 0 on the happy path, and a half-open provider was ejected)
+        if health.ejections and health.half_open and health.trial is None and not group.panic:
             health.trial = lease  # the one trial request of a half-open provider
             slot.usable = False
         slot.changed()
@@ -484,6 +486,14 @@ class PoolScheduler:
         request.lease = lease
         self._admitted += 1
         return Dispatch(request, lease)
+
+    def _dequeue(self, request: PendingRequest) -> None:
+        """Take a pending request out of its queue (a request failing over has attempts)."""
+        assert request.queue is not None
+        request.queue.discard(request)
+        self._pending -= 1
+        if request.attempts:
+            self._retrying -= 1
 
     def _reject(
         self,
@@ -494,8 +504,7 @@ class PoolScheduler:
         config_change: bool = False,
     ) -> Rejection:
         if request.queue is not None:
-            request.queue.discard(request)
-            self._pending -= 1
+            self._dequeue(request)
         rejection = Rejection(request, reason, message, config_change)
         request.state = RequestState.REJECTED
         request.rejection = rejection
@@ -512,11 +521,12 @@ class PoolScheduler:
             long_free = slot.long_in_flight < slot.long_capacity
             oldest: PendingRequest | None = None
             chosen: Membership | None = None
-            retry = self._retry_for(slot, long_free)
-            if retry is not None:
-                decisions.append(self._dispatch(*retry, now))
-                dispatched = True
-                continue
+            if self._retrying:
+                retry = self._retry_for(slot, long_free)
+                if retry is not None:
+                    decisions.append(self._dispatch(*retry, now))
+                    dispatched = True
+                    continue
             for membership in slot.memberships:
                 group = membership.group
                 if not (slot.usable or group.panic):
@@ -584,7 +594,7 @@ class PoolScheduler:
         decisions: list[Decision] = []
         if self._deadlines.is_due(now):
             decisions.extend(self._timed_out(request, now) for request in self._deadlines.due(now))
-        timers = self._health_timers
+        timers = self._health_timers.heap
         if timers and timers[0][0] <= now:
             self._run_health_timers(now, decisions)
         return decisions
@@ -600,16 +610,12 @@ class PoolScheduler:
     # -- health ------------------------------------------------------------------------------
 
     def _run_health_timers(self, now: float, decisions: list[Decision]) -> None:
-        timers = self._health_timers
-        due: dict[ProviderKey, ProviderSlot] = {}
-        while timers and timers[0][0] <= now:
-            slot = heapq.heappop(timers)[2]
-            if slot.enabled and self._slots.get(slot.key) is slot:
-                due[slot.key] = slot
         policy = self._policy.health
-        for key, slot in due.items():
+        for slot in self._health_timers.due(now):
+            if not slot.enabled or self._slots.get(slot.key) is not slot:
+                continue  # disabled or removed: it starts over when it comes back
             for event in slot.health.advance(now, policy):
-                self._events.append((key, event))
+                self._events.append((slot.key, event))
             self._health_changed(slot, now, decisions)
 
     def _health_changed(
@@ -632,7 +638,7 @@ class PoolScheduler:
                 self._reoffer(group)
                 touched.extend(m.slot for m in group.members if m.slot is not slot)
         slot.changed()
-        self._arm(slot)
+        self._health_timers.arm(slot)
         retried = failing is not None and self._fail_over(failing, slot.key, now, decisions)
         if self._pending:
             for each in touched:
@@ -640,13 +646,6 @@ class PoolScheduler:
             for membership in slot.memberships:
                 self._sweep_retries(membership.group, decisions)
         return retried
-
-    def _arm(self, slot: ProviderSlot) -> None:
-        """Arm a timer for ``slot``'s next health time (older ones turn stale)."""
-        when = slot.health.next_time()
-        if when is not None:
-            self._timer_seq += 1
-            heapq.heappush(self._health_timers, (when, self._timer_seq, slot))
 
     @staticmethod
     def _reoffer(group: ModelGroup) -> None:
