@@ -42,13 +42,17 @@ class RequestRecord:
     cancelled_as: tuple[int, str] = (499, "client_gone")
     #: the attempts that failed over to another provider: (node, provider, failure kind,
     #: upstream-errors code), in order
-    failovers: list[tuple[str, str, str, str]] = field(default_factory=list)
+    failovers: tuple[tuple[str, str, str, str], ...] = ()
 
     def failed_over(self, kind: str, code: str) -> None:
         """The attempt on the current provider failed before the client got a byte, and the
         request re-enters admission for another provider (it may still time out or be left
         while it waits)."""
-        self.failovers.append((self.node or "", self.provider or "", kind, code))
+        self.failovers = (*self.failovers, (self.node or "", self.provider or "", kind, code))
+
+    def not_failed_over(self) -> None:
+        """Take back the last :meth:`failed_over`: no other provider was tried after all."""
+        self.failovers = self.failovers[:-1]
 
     def log_fields(self) -> dict[str, Any]:
         """The fields of the request's log line (never a raw token)."""

@@ -331,7 +331,7 @@ class OpenAIServer:
                 record.failed_over(attempt.failure.kind, _failure_code(attempt.error))
                 lease = await self.scheduler.failover(failed, attempt.failure)
                 if lease is None:
-                    record.failovers.pop()  # no retry: this attempt's error is the answer
+                    record.not_failed_over()  # no retry: this attempt's error is the answer
                     if isinstance(attempt.error, AdapterError):
                         raise attempt.error
                     return self._reply(record, attempt.error)
