@@ -13,7 +13,6 @@ import pytest
 
 from iop_edge.pool import (
     Decision,
-    Dispatch,
     PendingRequest,
     PoolPolicy,
     PoolScheduler,
@@ -23,6 +22,7 @@ from iop_edge.pool import (
     RequestState,
     SlotLease,
 )
+from tests.pool.builders import dispatched, rejected
 
 
 def provider(
@@ -81,20 +81,6 @@ def queued(
     assert submission.request.state is RequestState.PENDING, submission
     assert submission.decisions == []
     return submission.request
-
-
-def dispatched(decisions: list[Decision]) -> list[tuple[int, str]]:
-    return [
-        (d.request.request_id, d.lease.provider_id) for d in decisions if isinstance(d, Dispatch)
-    ]
-
-
-def rejected(decisions: list[Decision]) -> list[tuple[int, str, bool]]:
-    return [
-        (d.request.request_id, d.reason.value, d.config_change)
-        for d in decisions
-        if isinstance(d, Rejection)
-    ]
 
 
 def rejection(decision: Decision) -> Rejection:
