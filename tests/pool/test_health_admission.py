@@ -83,15 +83,31 @@ def test_threshold_failures_eject_and_the_provider_gets_no_new_requests() -> Non
     assert (shown(scheduler, "a").health, shown(scheduler, "a").half_open) == ("unhealthy", True)
 
 
-def test_a_success_of_a_request_in_flight_ends_an_ejection_at_once() -> None:
+def test_an_answer_to_a_request_sent_before_the_ejection_changes_nothing() -> None:
+    """A slow request that was in flight when the provider was ejected answers after: it says
+    nothing about the provider now (it stays ejected, no event)."""
     scheduler = PoolScheduler(pool([provider("a", capacity=3), provider("b", priority=1)]))
-    slow = lease_of(scheduler)
+    slow = lease_of(scheduler, now=0.0)
     assert (slow.provider_id, lease_of(scheduler).provider_id) == ("a", "b")
-    eject(scheduler, "a")  # b is full: a takes the requests that fail
+    eject(scheduler, "a", now=0.5)  # b is full: a takes the requests that fail
     scheduler.take_events()
-    scheduler.release(slow, 0.25, OK)
-    assert scheduler.take_events() == [(key("a"), HealthEvent("recovered", via="request"))]
+    scheduler.release(slow, 0.75, OK)
+    assert scheduler.take_events() == []
+    assert (shown(scheduler, "a").health, shown(scheduler, "a").ejected_until) == ("unhealthy", 1.5)
+
+
+def test_a_success_of_a_request_sent_during_the_ejection_ends_it_at_once() -> None:
+    """Only a panic sends a request to an ejected provider; its answer is fresh evidence."""
+    scheduler = PoolScheduler(pool([provider("a")]))
+    eject(scheduler, "a", now=0.5)
+    assert panic(scheduler)
+    during = lease_of(scheduler, now=0.75)
+    scheduler.take_events()
+    scheduler.release(during, 0.875, OK)
+    events = scheduler.take_events()
+    assert (key("a"), HealthEvent("recovered", via="request")) in events
     assert (shown(scheduler, "a").health, shown(scheduler, "a").ejected_until) == ("healthy", None)
+    assert not panic(scheduler)
 
 
 def test_probe_capable_provider_is_probed_while_ejected_and_a_probe_success_recovers_it() -> None:
