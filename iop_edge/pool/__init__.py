@@ -16,6 +16,7 @@ from iop_edge.pool.decisions import (
     SlotLease,
     Submission,
 )
+from iop_edge.pool.fair import FairQueue, FairShareMode, PrincipalBook, service_key
 from iop_edge.pool.health import OK, Failure, Health, HealthEvent, Outcome
 from iop_edge.pool.policy import HealthPolicy, PoolPolicy, ProviderKey, ProviderPolicy
 from iop_edge.pool.scheduler import PROBE, Notice, PoolScheduler
@@ -35,6 +36,8 @@ __all__ = [
     "Failover",
     "Failure",
     "FailureKind",
+    "FairQueue",
+    "FairShareMode",
     "GroupStatistics",
     "Health",
     "HealthEvent",
@@ -45,6 +48,7 @@ __all__ = [
     "PoolPolicy",
     "PoolScheduler",
     "PoolStatistics",
+    "PrincipalBook",
     "ProviderKey",
     "ProviderPolicy",
     "ProviderStatistics",
@@ -53,4 +57,5 @@ __all__ = [
     "RequestState",
     "SlotLease",
     "Submission",
+    "service_key",
 ]

@@ -45,8 +45,10 @@ class PendingRequest:
     set), exactly once — or, failing over, from ``DISPATCHED`` back to ``PENDING``:
     ``attempts`` counts the providers it was given, ``tried`` names them. ``deadline`` is the
     monotonic time at which a pending request expires (``None``: never); it is recomputed from
-    ``submitted_at`` when the queue timeout changes. Identity is the request: two handles are
-    equal only if they are the same object.
+    ``submitted_at`` when the queue timeout changes. ``principal`` is who it is served for and
+    ``start`` its start tag in the fair order (both set by :class:`~iop_edge.pool.fair.FairQueue`,
+    see :mod:`iop_edge.pool.fair`). Identity is the request: two handles are equal only if they
+    are the same object.
     """
 
     __slots__ = (
@@ -55,9 +57,11 @@ class PendingRequest:
         "group_id",
         "lease",
         "long_context",
+        "principal",
         "queue",
         "rejection",
         "request_id",
+        "start",
         "state",
         "submitted_at",
         "tried",
@@ -75,6 +79,8 @@ class PendingRequest:
         self.lease: SlotLease | None = None
         self.rejection: Rejection | None = None
         self.queue: RequestQueue | None = None
+        self.principal = ""
+        self.start = 0.0
         self.attempts = 0
         self.tried: frozenset[ProviderKey] = frozenset()
 
