@@ -215,7 +215,10 @@ class ProviderHealth:
         self, ok: bool, reason: str | None, now: float, policy: HealthPolicy
     ) -> HealthEvent | None:
         """A probe came back. Success ends the ejection (or the half-open wait); a failure waits
-        for the next one."""
+        for the next one. A result nobody asked this state for (a probe started before the
+        provider was disabled and enabled again: a new state) is ignored."""
+        if not self.probing:
+            return None
         self.probing = False
         if ok:
             self.probes_ok += 1

@@ -246,3 +246,12 @@ def test_429_without_retry_after_does_not_hold(retry_after: float | None) -> Non
         assert health.failed(busy(retry_after), 0.0, POLICY) is None
     assert (health.out, health.held_until, health.failures) == (False, None, 0)
     assert health.last_failure == "the provider answered 429"
+
+
+def test_a_probe_result_nobody_asked_for_is_ignored() -> None:
+    """A probe started for an earlier life of the provider (disabled and enabled again: a new
+    state) changes and counts nothing."""
+    health = ejected_health(can_probe=True)
+    assert health.probed(True, None, 0.5, POLICY) is None
+    assert (health.ejected, health.probes_ok, health.probes_failed) == (True, 0, 0)
+
