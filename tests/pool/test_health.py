@@ -254,4 +254,3 @@ def test_a_probe_result_nobody_asked_for_is_ignored() -> None:
     health = ejected_health(can_probe=True)
     assert health.probed(True, None, 0.5, POLICY) is None
     assert (health.ejected, health.probes_ok, health.probes_failed) == (True, 0, 0)
-
