@@ -473,7 +473,8 @@ def _runtime_type(data: Any) -> Any:
         if type(capacity) is int:
             data["long_context_capacity"] = capacity
     check = data.get("health_check")
-    default_path = DEFAULT_HEALTH_PATHS.get(data.get("type"))
+    runtime = data.get("type")  # after the alias normalization above
+    default_path = DEFAULT_HEALTH_PATHS.get(runtime) if isinstance(runtime, str) else None
     if check is None or check is True:
         # cli (or an unknown type, refused elsewhere) has no check to turn on; `true` on a
         # cli provider is left for the validator to name.

@@ -734,3 +734,11 @@ def test_a_cli_provider_has_no_health_check(check):
     message = problem_at(doc, "nodes[gpu-1].providers[agent].health_check")
     assert "is not available for a cli provider" in message
     assert "one trial request" in message
+
+
+def test_a_provider_type_of_the_wrong_shape_is_a_problem_not_a_crash():
+    """Found by the config fuzzer: the health-check default is looked up by type, and a type
+    that is a list must be reported, not raise TypeError."""
+    doc = base_doc()
+    provider(doc)["type"] = []
+    assert problem_at(doc, "nodes[gpu-1].providers[vllm-a].type")
