@@ -225,20 +225,26 @@ class AdmissionScheduler:
         self._settle(submission.decisions, own=request)
         return await self._outcome_of(request)
 
-    async def failover(self, lease: Lease, failure: Failure) -> Lease | None:
+    async def failover(
+        self, lease: Lease, failure: Failure, *, retried: Callable[[], None] | None = None
+    ) -> Lease | None:
         """The attempt holding ``lease`` failed before the client got a byte: release it with
         ``failure`` and wait for a slot on a provider the request has not tried.
 
-        Returns ``None`` when there is no retry (attempts used up, no untried candidate, or the
-        last one went away while the request waited): the caller returns the failed
-        attempt's error. Raises :class:`AdmissionError` like :meth:`admit` (``queue_timeout``
-        counts from the request's arrival).
+        ``retried`` is called once the request has re-entered admission (counted in
+        ``statistics().failovers``), before any wait. Returns ``None`` when there is no retry
+        (attempts used up, no untried candidate) or the last untried provider went away while
+        the request waited: the caller returns the failed attempt's error. Raises
+        :class:`AdmissionError` like :meth:`admit` (``queue_timeout`` counts from the request's
+        arrival).
         """
         result = self._core.fail(lease._slot_lease, failure, self._clock.now())
         request = result.request
         self._settle(result.decisions, own=request)
         if not result.retried:
             return None
+        if retried is not None:
+            retried()
         try:
             return await self._outcome_of(request)
         except AdmissionError as exc:

@@ -40,19 +40,17 @@ class RequestRecord:
     #: status and code logged if the handler is cancelled: the client left, unless the edge
     #: itself cut the connection (a body that stopped arriving)
     cancelled_as: tuple[int, str] = (499, "client_gone")
+    #: providers the request was sent to (0: it never got one)
+    attempts: int = 0
     #: the attempts that failed over to another provider: (node, provider, failure kind,
     #: upstream-errors code), in order
     failovers: tuple[tuple[str, str, str, str], ...] = ()
 
     def failed_over(self, kind: str, code: str) -> None:
         """The attempt on the current provider failed before the client got a byte, and the
-        request re-enters admission for another provider (it may still time out or be left
-        while it waits)."""
+        request re-entered admission for another provider (it may still time out, be left, or
+        lose its last untried provider while it waits)."""
         self.failovers = (*self.failovers, (self.node or "", self.provider or "", kind, code))
-
-    def not_failed_over(self) -> None:
-        """Take back the last :meth:`failed_over`: no other provider was tried after all."""
-        self.failovers = self.failovers[:-1]
 
     def log_fields(self) -> dict[str, Any]:
         """The fields of the request's log line (never a raw token)."""
@@ -74,7 +72,7 @@ class RequestRecord:
             "prompt_tokens": self.usage.prompt_tokens,
             "completion_tokens": self.usage.completion_tokens,
             "error": self.error,
-            "attempts": 1 + len(self.failovers),
+            "attempts": self.attempts,
             "failed_over": [f"{f[0]}/{f[1]}: {f[2]}" for f in self.failovers] or None,
         }
 

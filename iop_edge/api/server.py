@@ -19,6 +19,7 @@ the lease is released on the way out.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import math
 import os
@@ -326,12 +327,13 @@ class OpenAIServer:
                 if not isinstance(attempt, _Failed):
                     return attempt
                 failed, lease = lease, None  # released by failover(), whatever it returns
-                # Recorded before the wait: a retry that times out in the queue, or whose
-                # client leaves, still logs and counts the attempt that failed.
-                record.failed_over(attempt.failure.kind, _failure_code(attempt.error))
-                lease = await self.scheduler.failover(failed, attempt.failure)
-                if lease is None:
-                    record.not_failed_over()  # no retry: this attempt's error is the answer
+                # Recorded as soon as the request re-enters admission (before the wait): a
+                # retry that times out in the queue, or whose client leaves, still counts.
+                retried = functools.partial(
+                    record.failed_over, attempt.failure.kind, _failure_code(attempt.error)
+                )
+                lease = await self.scheduler.failover(failed, attempt.failure, retried=retried)
+                if lease is None:  # no retry (or none left): this attempt's error is the answer
                     if isinstance(attempt.error, AdapterError):
                         raise attempt.error
                     return self._reply(record, attempt.error)
@@ -350,6 +352,7 @@ class OpenAIServer:
         """One attempt. With a ``lease`` (a ``models[]`` group), a failure before the client's
         first byte comes back as :class:`_Failed` and every outcome is told to the lease;
         without (a model route), failures are answered as they are."""
+        record.attempts += 1
         try:
             if not call.stream:
                 return self._answer(record, await executor.complete(call), lease)

@@ -313,6 +313,7 @@ async def test_a_request_waiting_for_its_retry_keeps_its_arrival_time_and_can_le
     assert well_fake.total_requests == 1
     [line] = [e for e in log_events(log_stream, "request") if e["code"] == rejected]
     assert (line["provider"], line["failed_over"]) == ("sick", ["n1/sick: status_5xx"])
+    assert line["attempts"] == 1  # the retry never reached a provider
     assert failovers(metrics) == {"status_5xx": 1}
     errors = sample("iop_edge_upstream_errors_total", node="n1", provider="sick", kind="http_503")
     assert metrics[errors] == 1
