@@ -1,4 +1,4 @@
-"""Builders shared by the pure-core health and failover tests (``test_health*.py``,
+"""Builders shared by the pure-core tests (``test_scheduler.py``, ``test_health*.py``,
 ``test_failover.py``): a health policy whose times are binary fractions (exact comparisons
 hold), failures of each kind, and small policies, leases and views of a scheduler.
 """
@@ -36,6 +36,7 @@ def busy(retry_after: float | None = None) -> Failure:
 def provider(
     pid: str,
     *,
+    node: str = "n1",
     capacity: int = 1,
     long: int | None = None,
     priority: int = 0,
@@ -43,7 +44,7 @@ def provider(
     probe: bool = False,
 ) -> ProviderPolicy:
     return ProviderPolicy(
-        node_id="n1",
+        node_id=node,
         provider_id=pid,
         capacity=capacity,
         long_context_capacity=capacity if long is None else long,
@@ -63,13 +64,14 @@ def pool(
     max_queue: int = 16,
 ) -> PoolPolicy:
     """A policy; ``groups`` maps group id -> provider ids (default: one group "m" of all)."""
+    by_id = {p.provider_id: p.key for p in providers}
     if groups is None:
         groups = {"m": [p.provider_id for p in providers]}
     return PoolPolicy(
         max_queue=max_queue,
         queue_timeout_ms=queue_timeout_ms,
         providers=tuple(providers),
-        groups={g: tuple(key(pid) for pid in pids) for g, pids in groups.items()},
+        groups={g: tuple(by_id[pid] for pid in pids) for g, pids in groups.items()},
         max_attempts=max_attempts,
         health=health,
     )
@@ -84,7 +86,8 @@ def lease_of(
 ) -> SlotLease:
     """Submit and return the lease; the request must be dispatched at once."""
     submission = scheduler.submit(group, long_context=long, now=now)
-    assert submission.request.lease is not None, submission
+    assert submission.request.state is RequestState.DISPATCHED, submission
+    assert submission.request.lease is not None
     return submission.request.lease
 
 

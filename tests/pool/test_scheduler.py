@@ -16,61 +16,11 @@ from iop_edge.pool import (
     PendingRequest,
     PoolPolicy,
     PoolScheduler,
-    ProviderPolicy,
     Rejection,
     RejectReason,
     RequestState,
-    SlotLease,
 )
-from tests.pool.builders import dispatched, rejected
-
-
-def provider(
-    pid: str,
-    *,
-    node: str = "n1",
-    capacity: int = 1,
-    long: int | None = None,
-    priority: int = 0,
-    enabled: bool = True,
-) -> ProviderPolicy:
-    return ProviderPolicy(
-        node_id=node,
-        provider_id=pid,
-        capacity=capacity,
-        long_context_capacity=capacity if long is None else long,
-        priority=priority,
-        enabled=enabled,
-    )
-
-
-def pool(
-    providers: list[ProviderPolicy],
-    groups: dict[str, list[str]] | None = None,
-    *,
-    max_queue: int = 16,
-    queue_timeout_ms: int = 0,
-) -> PoolPolicy:
-    """A policy; ``groups`` maps group id -> provider ids (default: one group "m" of all)."""
-    by_id = {p.provider_id: p.key for p in providers}
-    if groups is None:
-        groups = {"m": [p.provider_id for p in providers]}
-    return PoolPolicy(
-        max_queue=max_queue,
-        queue_timeout_ms=queue_timeout_ms,
-        providers=tuple(providers),
-        groups={g: tuple(by_id[pid] for pid in pids) for g, pids in groups.items()},
-    )
-
-
-def lease_of(
-    scheduler: PoolScheduler, group: str = "m", *, long: bool = False, now: float = 0.0
-) -> SlotLease:
-    """Submit and return the lease; the request must be dispatched at once."""
-    submission = scheduler.submit(group, long_context=long, now=now)
-    assert submission.request.state is RequestState.DISPATCHED, submission
-    assert submission.request.lease is not None
-    return submission.request.lease
+from tests.pool.builders import dispatched, lease_of, pool, provider, rejected
 
 
 def queued(
