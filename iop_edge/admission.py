@@ -28,6 +28,7 @@ from types import TracebackType
 
 from iop_edge.errors import AdmissionError
 from iop_edge.pool import (
+    ANONYMOUS,
     OK,
     PROBE,
     Decision,
@@ -212,15 +213,20 @@ class AdmissionScheduler:
         """A frozen snapshot of the queue, the providers' slots and the counters."""
         return self._core.statistics()
 
-    async def admit(self, group_id: str, *, long_context: bool = False) -> Lease:
-        """Wait for a slot on a provider of model group ``group_id`` and return its lease.
+    async def admit(
+        self, group_id: str, *, long_context: bool = False, principal: str = ANONYMOUS
+    ) -> Lease:
+        """Wait for a slot on a provider of model group ``group_id`` and return its lease;
+        pending requests are served fairly across principals (:mod:`iop_edge.pool.fair`).
 
         Raises :class:`AdmissionError` with reason ``model_not_found``,
         ``no_available_provider`` or ``queue_full`` at once, or ``queue_timeout`` /
         (after a live config change, ``config_change=True``) ``model_not_found`` /
         ``no_available_provider`` while waiting. Cancelling the caller leaves the queue.
         """
-        submission = self._core.submit(group_id, long_context=long_context, now=self._clock.now())
+        submission = self._core.submit(
+            group_id, long_context=long_context, now=self._clock.now(), principal=principal
+        )
         request = submission.request
         self._settle(submission.decisions, own=request)
         return await self._outcome_of(request)

@@ -57,7 +57,7 @@ from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError, IopEdgeError, RequestError
 from iop_edge.listeners import ConnectionGuard
 from iop_edge.logs import Logger, RequestLineWriter, structured_request_line
-from iop_edge.pool import Failure
+from iop_edge.pool import ANONYMOUS, Failure
 from iop_edge.seams import Clock
 
 _REQUEST_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -303,7 +303,10 @@ class OpenAIServer:
                     param="model",
                 )
             group = completions_group(model.id)
-        lease: Lease | None = await self.scheduler.admit(group, long_context=prepared.long_context)
+        principal = record.principal.principal_ref if record.principal else ANONYMOUS
+        lease: Lease | None = await self.scheduler.admit(
+            group, long_context=prepared.long_context, principal=principal
+        )
         assert lease is not None
         record.queue_wait = lease.queue_wait
         try:

@@ -16,7 +16,7 @@ from iop_edge.pool.decisions import (
     SlotLease,
     Submission,
 )
-from iop_edge.pool.fair import FairQueue, FairShareMode, PrincipalBook, service_key
+from iop_edge.pool.fair import ANONYMOUS, FairQueue, FairShareMode, PrincipalBook, service_key
 from iop_edge.pool.health import OK, Failure, Health, HealthEvent, Outcome
 from iop_edge.pool.policy import HealthPolicy, PoolPolicy, ProviderKey, ProviderPolicy
 from iop_edge.pool.scheduler import PROBE, Notice, PoolScheduler
@@ -28,6 +28,7 @@ from iop_edge.pool.statistics import (
 )
 
 __all__ = [
+    "ANONYMOUS",
     "OK",
     "PROBE",
     "REJECTION_COUNTERS",

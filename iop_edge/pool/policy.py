@@ -9,8 +9,9 @@ their own bounds, so a policy that exists is one the scheduler can run.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal
 
 ProviderKey = tuple[str, str]
 """A provider resource: ``(node_id, provider_id)``. Slots belong to this key."""
@@ -89,7 +90,10 @@ class PoolPolicy:
     lists every provider in config order; ``groups`` maps each model group id to the keys of its
     providers in config order. ``groups`` is frozen into a read-only mapping on construction.
     ``max_attempts`` is how many distinct providers one request may try before its first byte
-    (1: no failover); ``health`` says when providers are ejected.
+    (1: no failover); ``health`` says when providers are ejected. ``fair_share`` is how freed
+    slots are shared among principals (:mod:`iop_edge.pool.fair`; ``none``: arrival order),
+    ``weights`` and ``caps`` (``max_in_flight``) the configured principals' (others: weight 1,
+    no cap).
     """
 
     max_queue: int
@@ -98,6 +102,9 @@ class PoolPolicy:
     groups: Mapping[str, tuple[ProviderKey, ...]]
     max_attempts: int = 2
     health: HealthPolicy = HealthPolicy()
+    fair_share: Literal["principal", "token", "none"] = "principal"
+    weights: Mapping[str, float] = field(default_factory=dict)
+    caps: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -123,6 +130,8 @@ class PoolPolicy:
                     )
         # Frozen all the way down: a caller mutating its dict later cannot change a running policy.
         object.__setattr__(self, "groups", MappingProxyType(groups))
+        object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
+        object.__setattr__(self, "caps", MappingProxyType(dict(self.caps)))
 
     @property
     def queue_timeout_s(self) -> float | None:

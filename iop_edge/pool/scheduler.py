@@ -47,6 +47,7 @@ from iop_edge.pool.decisions import (
     SlotLease,
     Submission,
 )
+from iop_edge.pool.fair import ANONYMOUS, FairQueue, PrincipalBook, service_key
 from iop_edge.pool.health import OK, Failure, HealthEvent, Outcome
 from iop_edge.pool.policy import PoolPolicy, ProviderKey
 from iop_edge.pool.slots import Membership, ModelGroup, ProviderSlot
@@ -88,12 +89,14 @@ class PoolScheduler:
         self._failovers = 0
         self._pending = 0
         self._retrying = 0  # of ``_pending``, the requests failing over
+        self._unparked: list[FairQueue] = []  # queues whose capped principal fell under its cap
         self._last_id = 0
         self._submitted = 0
         self._admitted = 0
         self._released = 0
         self._double_releases = 0
         self._rejected = dict.fromkeys(REJECTION_COUNTERS, 0)
+        self._book = PrincipalBook(policy.weights, policy.caps, policy.fair_share)
         self._install(policy)
 
     @property
@@ -108,8 +111,16 @@ class PoolScheduler:
 
     # -- operations -------------------------------------------------------------------------
 
-    def submit(self, group_id: str, *, long_context: bool = False, now: float) -> Submission:
-        """Submit a request for model group ``group_id``: dispatch it, queue it or refuse it.
+    def submit(
+        self,
+        group_id: str,
+        *,
+        long_context: bool = False,
+        now: float,
+        principal: str = ANONYMOUS,
+    ) -> Submission:
+        """Submit a request of ``principal`` for model group ``group_id``: dispatch it, queue
+        it or refuse it.
 
         Refusals: unknown group → ``model_not_found``; no enabled provider →
         ``no_available_provider``; no free candidate and ``max_queue`` pending →
@@ -118,6 +129,7 @@ class PoolScheduler:
         decisions = self._expire_due(now)
         self._last_id += 1
         request = PendingRequest(self._last_id, group_id, long_context, now)
+        request.principal = principal
         self._submitted += 1
         group = self._groups.get(group_id)
         if group is None:
@@ -138,8 +150,13 @@ class PoolScheduler:
             )
         else:
             queue = group.queues[long_context]
-            # Work conservation: a non-empty queue of this kind means no slot is free for it.
-            membership = None if queue.live else group.best_candidate(long_context)
+            # Work conservation: a queue of this kind with a request to serve means no slot is
+            # free for it; a principal at its cap waits whatever is free.
+            book = self._book
+            if (queue.live and queue.head() is not None) or not book.eligible(principal):
+                membership = None
+            else:
+                membership = group.best_candidate(long_context)
             if membership is not None:
                 decisions.append(self._dispatch(request, membership, now))
             elif self._pending >= self._max_queue:
@@ -152,7 +169,7 @@ class PoolScheduler:
                     )
                 )
             else:
-                queue.push(request)
+                queue.push(request, principal)
                 self._pending += 1
                 if self._timeout is not None:
                     request.deadline = now + self._timeout
@@ -174,6 +191,8 @@ class PoolScheduler:
             return []
         decisions = self._expire_due(now)
         self._release(lease, now, outcome, decisions, None)
+        if self._unparked:
+            self._serve_unparked(now, decisions)
         return decisions
 
     def fail(self, lease: SlotLease, failure: Failure, now: float) -> Failover:
@@ -193,6 +212,8 @@ class PoolScheduler:
         request = lease.request
         decisions = self._expire_due(now)
         retried = self._release(lease, now, failure, decisions, request)
+        if self._unparked:
+            self._serve_unparked(now, decisions)
         return Failover(request, retried, decisions)
 
     def probed(self, key: ProviderKey, ok: bool, reason: str | None, now: float) -> list[Decision]:
@@ -287,6 +308,12 @@ class PoolScheduler:
         dropped.sort(key=lambda item: item[0].request_id)
         for request, reason, message in dropped:
             decisions.append(self._reject(request, reason, message, config_change=True))
+        self._book.reweigh(
+            [q for group in self._groups.values() for q in group.queues],
+            weights=policy.weights,
+            caps=policy.caps,
+            mode=policy.fair_share,
+        )
         if self._timeout != old_timeout:
             timeout = self._timeout
             pending = [r for group in self._groups.values() for q in group.all_queues() for r in q]
@@ -353,7 +380,9 @@ class PoolScheduler:
         for group_id, keys in policy.groups.items():
             old = old_groups.get(group_id)
             if old is None:
-                group = ModelGroup(group_id, (RequestQueue(), RequestQueue()), RequestQueue())
+                book = self._book
+                queues = (FairQueue(book, group_id, False), FairQueue(book, group_id, True))
+                group = ModelGroup(group_id, queues, RequestQueue())
                 stamps: dict[ProviderKey, int] = {}
             else:
                 group = ModelGroup(group_id, old.queues, old.retries, old.tick, old.fresh)
@@ -393,6 +422,11 @@ class PoolScheduler:
         slot.in_flight -= 1
         if lease.long_context:
             slot.long_in_flight -= 1
+        unparked = self._book.release(lease.request.principal)
+        if unparked:
+            # Its principal fell under its cap: its waiting requests compete again, after this
+            # release has been handed on (below).
+            self._unparked.extend(unparked)
         if not slot.in_policy:
             if slot.in_flight == 0:
                 self._retired.pop(slot.key, None)
@@ -464,10 +498,14 @@ class PoolScheduler:
         """Give ``request`` a slot on ``membership``'s provider (the caller checked it is free)."""
         queue = request.queue
         if queue is not None:  # _dequeue, inlined: this is the hot path
-            queue.discard(request)
             self._pending -= 1
             if request.attempts:
+                queue.discard(request)  # the failover queue
                 self._retrying -= 1
+            else:
+                assert isinstance(queue, FairQueue)  # a group's queue: take() advances the clock
+                queue.take(request)
+        self._book.acquire(request.principal)
         slot = membership.slot
         group = membership.group
         group.choose(membership)
@@ -534,11 +572,11 @@ class PoolScheduler:
                 general, long_queue = group.queues
                 if general.live:
                     head = general.head()
-                    if head is not None and (oldest is None or head.request_id < oldest.request_id):
+                    if head is not None and (oldest is None or _before(head, oldest)):
                         oldest, chosen = head, membership
                 if long_free and long_queue.live:
                     head = long_queue.head()
-                    if head is not None and (oldest is None or head.request_id < oldest.request_id):
+                    if head is not None and (oldest is None or _before(head, oldest)):
                         oldest, chosen = head, membership
             if oldest is None or chosen is None:
                 break
@@ -577,18 +615,32 @@ class PoolScheduler:
             if membership is not None:
                 decisions.append(self._dispatch(request, membership, now))
         pending = [r for group in self._groups.values() for q in group.queues for r in q]
-        pending.sort(key=lambda request: request.request_id)
+        pending.sort(key=service_key)
         exhausted: set[tuple[str, bool]] = set()
+        eligible = self._book.eligible
         for request in pending:
             kind = (request.group_id, request.long_context)
-            if kind in exhausted:
-                continue
+            if kind in exhausted or not eligible(request.principal):
+                continue  # (a principal at its cap waits without holding back its kind)
             membership = self._groups[request.group_id].best_candidate(request.long_context)
             if membership is None:
                 # Free slots only shrink during this pass: later requests of this kind wait too.
                 exhausted.add(kind)
             else:
                 decisions.append(self._dispatch(request, membership, now))
+
+    def _serve_unparked(self, now: float, decisions: list[Decision]) -> None:
+        """Offer free slots to the queues where a principal just fell under its cap."""
+        queues, self._unparked = self._unparked, []
+        for queue in queues:
+            group = self._groups.get(queue.group_id)
+            if group is None or queue not in group.queues:
+                continue  # its group was swapped away meanwhile
+            while (head := queue.head()) is not None:
+                membership = group.best_candidate(queue.long_context)
+                if membership is None:
+                    break
+                decisions.append(self._dispatch(head, membership, now))
 
     def _expire_due(self, now: float) -> list[Decision]:
         decisions: list[Decision] = []
@@ -671,6 +723,13 @@ class PoolScheduler:
                         config_change=config_change,
                     )
                 )
+
+
+def _before(request: PendingRequest, other: PendingRequest) -> bool:
+    """Whether ``request`` is served before ``other`` (:func:`iop_edge.pool.fair.service_key`,
+    without building the tuples: this is the refill loop)."""
+    start, other_start = request.start, other.start
+    return start < other_start or (start == other_start and request.request_id < other.request_id)
 
 
 def _panic_event(group: ModelGroup) -> HealthEvent:

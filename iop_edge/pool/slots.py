@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 
 from iop_edge.pool.decisions import RequestQueue
+from iop_edge.pool.fair import FairQueue
 from iop_edge.pool.health import ProviderHealth
 from iop_edge.pool.policy import ProviderKey, ProviderPolicy
 
@@ -120,7 +121,7 @@ class ModelGroup:
     def __init__(
         self,
         group_id: str,
-        queues: tuple[RequestQueue, RequestQueue],
+        queues: tuple[FairQueue, FairQueue],
         retries: RequestQueue,
         tick: int = 0,
         fresh: int = -(1 << 62),
@@ -134,7 +135,7 @@ class ModelGroup:
         self.fresh = fresh
         self.panic = False
 
-    def all_queues(self) -> tuple[RequestQueue, RequestQueue, RequestQueue]:
+    def all_queues(self) -> tuple[FairQueue, FairQueue, RequestQueue]:
         """The general, long-context and failover queues."""
         return (*self.queues, self.retries)
 

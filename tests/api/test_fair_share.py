@@ -1,0 +1,71 @@
+"""Fair sharing of the pool among principals (SPEC §5.2), end to end: the ``openai`` SDK with
+two principals' tokens against a real daemon, a fake upstream that holds each request until the
+test lets it go, one slot. A freed slot goes to the principal whose turn it is, not to whoever
+queued first: app B does not wait behind app A's whole backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from iop_edge.testing.fake_behavior import FakeBehavior
+from iop_edge.testing.fake_openai import FakeOpenAI
+from iop_edge.tokens import token_hash
+from tests.helpers import doc_for, edge_on, wait_for
+
+TOKENS = {"app-a": "iop_token-of-app-a", "app-b": "iop_token-of-app-b"}
+
+
+def principals_doc(fake: FakeOpenAI) -> dict[str, Any]:
+    """Model ``chat`` on one provider with one slot; one token (and principal) per app."""
+    doc = doc_for(fake, capacity=1)
+    doc["openai"]["principal_tokens"] = [
+        {"token_ref": ref, "token_hash_sha256": token_hash(raw), "principal_ref": ref}
+        for ref, raw in TOKENS.items()
+    ]
+    return doc
+
+
+async def test_a_freed_slot_goes_to_the_principal_whose_turn_it_is(tmp_path: Path) -> None:
+    """A holds the slot and queues 4 more; B asks once. Oldest first would serve B sixth; by
+    fair share it is served third (its start tag ties A's oldest waiting request, which is
+    older), and A's backlog goes on after it."""
+    fake = FakeOpenAI(behavior=FakeBehavior(hold=True))
+    async with fake, edge_on(tmp_path, principals_doc(fake)) as edge:
+        clients = {
+            ref: openai.AsyncOpenAI(base_url=edge.daemon.openai_url, api_key=raw, max_retries=0)
+            for ref, raw in TOKENS.items()
+        }
+
+        async def ask(ref: str, text: str) -> None:
+            await clients[ref].chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": text}]
+            )
+
+        scheduler = edge.daemon.scheduler
+
+        async def queued(depth: int) -> None:
+            await wait_for(lambda: scheduler.statistics().queue_depth == depth)
+
+        tasks = [asyncio.create_task(ask("app-a", "a1"))]
+        await fake.wait_requests(1)
+        for n in range(2, 6):
+            tasks.append(asyncio.create_task(ask("app-a", f"a{n}")))
+            await queued(n - 1)
+        tasks.append(asyncio.create_task(ask("app-b", "b1")))
+        await queued(5)
+        for served in range(2, 7):
+            fake.release()
+            await fake.wait_requests(served)
+        fake.release()
+        await asyncio.gather(*tasks)
+        for client in clients.values():
+            await client.close()
+        order = [r.json["messages"][-1]["content"] for r in fake.requests]
+        stats = scheduler.statistics()
+    assert order == ["a1", "a2", "b1", "a3", "a4", "a5"]
+    assert (stats.in_flight, stats.queue_depth, stats.released) == (0, 0, 6)

@@ -1,0 +1,114 @@
+"""The pure scheduler shares freed slots among principals (SPEC §5.2, :mod:`iop_edge.pool.fair`
+wired into :class:`PoolScheduler`): by weight across principals, oldest first within one, a
+principal at its ``max_in_flight`` skipped (not refused) until one of its leases comes back, and
+live changes of weights, caps and mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from iop_edge.pool import Dispatch, PendingRequest, PoolPolicy, PoolScheduler, SlotLease
+from tests.pool.builders import check_counters, dispatched, pool, provider
+
+
+def sharing(
+    capacity: int = 1,
+    *,
+    weights: dict[str, float] | None = None,
+    caps: dict[str, int] | None = None,
+    mode: str = "principal",
+) -> PoolPolicy:
+    return dataclasses.replace(
+        pool([provider("a", capacity=capacity)], max_queue=1000),
+        weights=weights or {},
+        caps=caps or {},
+        fair_share=mode,  # type: ignore[arg-type]
+    )
+
+
+def submit(scheduler: PoolScheduler, principal: str, now: float = 0.0) -> SlotLease | None:
+    """Submit a request of ``principal``; its lease when it was dispatched at once."""
+    return scheduler.submit("m", now=now, principal=principal).request.lease
+
+
+def serve(scheduler: PoolScheduler, lease: SlotLease, rounds: int) -> list[PendingRequest]:
+    """Release the running lease ``rounds`` times; the requests its slot went to, in order."""
+    served = []
+    for _ in range(rounds):
+        (request,) = [d.request for d in scheduler.release(lease, 1.0) if isinstance(d, Dispatch)]
+        assert request.lease is not None
+        lease = request.lease
+        served.append(request)
+    return served
+
+
+def principals(requests: list[PendingRequest]) -> list[str]:
+    return [r.principal for r in requests]
+
+
+def test_weights_share_the_freed_slots_3_to_1() -> None:
+    scheduler = PoolScheduler(sharing(weights={"batch": 1, "chat": 3}))
+    running = submit(scheduler, "batch")
+    assert running is not None
+    for _ in range(40):
+        submit(scheduler, "batch")
+        submit(scheduler, "chat")
+    served = Counter(principals(serve(scheduler, running, 40)))
+    assert served == {"chat": 30, "batch": 10}
+    check_counters(scheduler)
+
+
+def test_oldest_first_within_a_principal() -> None:
+    scheduler = PoolScheduler(sharing())
+    running = submit(scheduler, "a")
+    assert running is not None
+    waiting = [scheduler.submit("m", now=0.0, principal=p).request for p in "abab"]
+    served = serve(scheduler, running, 4)
+    assert [r for r in served if r.principal == "a"] == [waiting[0], waiting[2]]
+    assert [r for r in served if r.principal == "b"] == [waiting[1], waiting[3]]
+
+
+def test_a_principal_at_its_cap_is_skipped_not_refused_and_served_when_a_lease_returns() -> None:
+    scheduler = PoolScheduler(sharing(capacity=2, caps={"batch": 1}))
+    first = submit(scheduler, "batch")
+    assert first is not None
+    waiting = scheduler.submit("m", now=0.0, principal="batch").request
+    assert waiting.lease is None  # a slot is free, but batch is at its cap: it waits
+    other = submit(scheduler, "chat")
+    assert other is not None  # another principal takes the free slot at once
+    assert scheduler.release(other, 1.0) == []  # batch still at its cap: the slot stays free
+    (served,) = dispatched(scheduler.release(first, 2.0))
+    assert served == (waiting.request_id, "a")
+    check_counters(scheduler)
+
+
+def test_a_cap_raised_live_dispatches_the_waiting_requests_at_once() -> None:
+    scheduler = PoolScheduler(sharing(capacity=3, caps={"batch": 1}))
+    assert submit(scheduler, "batch") is not None
+    waiting = [scheduler.submit("m", now=0.0, principal="batch").request for _ in range(2)]
+    assert all(r.lease is None for r in waiting)
+    decisions = scheduler.apply_policy(sharing(capacity=3, caps={"batch": 3}), 1.0)
+    assert dispatched(decisions) == [(r.request_id, "a") for r in waiting]
+
+
+def test_mode_none_serves_in_arrival_order() -> None:
+    scheduler = PoolScheduler(sharing(mode="none"))
+    running = submit(scheduler, "batch")
+    assert running is not None
+    for principal in ["batch", "batch", "batch", "chat"]:
+        submit(scheduler, principal)
+    assert principals(serve(scheduler, running, 4)) == ["batch", "batch", "batch", "chat"]
+
+
+def test_switching_to_fair_share_live_reorders_the_waiting_requests_without_losing_one() -> None:
+    scheduler = PoolScheduler(sharing(mode="none"))
+    running = submit(scheduler, "batch")
+    assert running is not None
+    for principal in ["batch", "batch", "batch", "chat"]:
+        submit(scheduler, principal)
+    assert scheduler.apply_policy(sharing(), 0.5) == []
+    assert scheduler.queue_depth == 4
+    assert principals(serve(scheduler, running, 4)) == ["batch", "chat", "batch", "batch"]
+    check_counters(scheduler)
