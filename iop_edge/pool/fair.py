@@ -127,6 +127,11 @@ class PrincipalBook:
         """How many requests of ``principal`` wait in this book's queues."""
         return self._queued.get(principal, 0)
 
+    @property
+    def capped(self) -> bool:
+        """Whether any principal has a ``max_in_flight`` (else everyone is always eligible)."""
+        return bool(self._caps)
+
     def eligible(self, principal: str) -> bool:
         """Whether ``principal`` may take one more lease now (it is under its cap)."""
         cap = self._caps.get(principal)

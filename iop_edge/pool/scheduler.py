@@ -153,10 +153,12 @@ class PoolScheduler:
             # Work conservation: a queue of this kind with a request to serve means no slot is
             # free for it; a principal at its cap waits whatever is free.
             book = self._book
-            if (queue.live and queue.head() is not None) or not book.eligible(principal):
-                membership = None
+            if book.capped:
+                # A queue whose every request is of a capped principal serves nobody now.
+                blocked = (queue.live and queue.head() is not None) or not book.eligible(principal)
             else:
-                membership = group.best_candidate(long_context)
+                blocked = bool(queue.live)
+            membership = None if blocked else group.best_candidate(long_context)
             if membership is not None:
                 decisions.append(self._dispatch(request, membership, now))
             elif self._pending >= self._max_queue:
