@@ -19,6 +19,7 @@ IDENTITY_KEYS: Final[Mapping[str, str]] = {
     "adapters": "name",
     "principal_tokens": "token_ref",
     "model_routes": "model",
+    "principals": "ref",
 }
 
 

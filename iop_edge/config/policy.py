@@ -40,6 +40,9 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
         max_queue=pool.max_queue,
         queue_timeout_ms=pool.queue_timeout_ms,
         max_attempts=pool.failover.max_attempts,
+        fair_share=pool.fair_share,
+        weights={p.ref: float(p.weight) for p in pool.principals if p.weight != 1},
+        caps={p.ref: p.max_in_flight for p in pool.principals if p.max_in_flight is not None},
         health=HealthPolicy(
             failure_threshold=health.failure_threshold,
             eject_ms=health.eject_ms,

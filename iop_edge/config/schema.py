@@ -149,6 +149,12 @@ def _probe_path(value: str) -> str:
     return value
 
 
+def _positive_weight(value: float) -> float:
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"{value} is not a positive finite number; {{field}} must be > 0")
+    return value
+
+
 def _queue_max(value: Any) -> Any:
     # SPEC §3.1: max_queue 0 or omitted (null) means the default, 16.
     if value is None or (type(value) is int and value == 0):
@@ -168,6 +174,8 @@ HeaderName = Annotated[str, AfterValidator(_header_name)]
 Address = Annotated[str, AfterValidator(_address)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 ProbePath = Annotated[str, AfterValidator(_probe_path)]
+# A number (an int is taken as a float), never a string or a bool ("3" is not 3).
+Weight = Annotated[float, Strict(), AfterValidator(_positive_weight)]
 
 
 class _Section(BaseModel):
@@ -346,6 +354,24 @@ class HealthSection(_Section):
     probe_interval_ms: Positive = DEFAULT_PROBE_INTERVAL_MS
 
 
+class PrincipalShare(_Section):
+    """``provider_pool.principals[]``: one principal's share of the pool and its limits.
+
+    ``ref`` names a ``principal_ref`` (a ``token_ref`` with ``fair_share: token``; checked in
+    :mod:`iop_edge.config.validate`). ``weight``: its share of freed slots while several
+    principals wait. ``max_in_flight``: leases it may hold at once, pool-wide;
+    ``max_queued``: its pending requests; ``max_requests_per_minute``: its request rate;
+    ``models``: the model ids and route ids it may use (omitted: all).
+    """
+
+    ref: NonEmpty
+    weight: Weight = 1.0
+    max_in_flight: Positive | None = None
+    max_queued: NonNegative | None = None
+    max_requests_per_minute: Positive | None = None
+    models: tuple[NonEmpty, ...] | None = None
+
+
 class ProviderPool(_Section):
     """``provider_pool``: the queue, failover and health policy shared by every model group and
     provider.
@@ -358,6 +384,8 @@ class ProviderPool(_Section):
     queue_timeout_ms: NonNegative = DEFAULT_QUEUE_TIMEOUT_MS
     failover: FailoverSection = FailoverSection()
     health: HealthSection = HealthSection()
+    fair_share: Literal["principal", "token", "none"] = "principal"
+    principals: tuple[PrincipalShare, ...] = ()
 
 
 class ModelProviderRef(_Section):

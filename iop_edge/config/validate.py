@@ -359,6 +359,39 @@ class _Checker:
         )
         return ref
 
+    def principals(self, servable: set[str]) -> None:
+        """``provider_pool.principals[]``: unique refs, each naming a configured principal
+        (a ``token_ref`` with ``fair_share: token``; ``anonymous`` when there are no tokens),
+        and model allow-lists naming only model ids and route ids."""
+        pool = self.config.provider_pool
+        tokens = self.config.openai.principal_tokens
+        by_token = pool.fair_share == "token"
+        if tokens:
+            known = {t.token_ref if by_token else t.principal_ref for t in tokens}
+        else:
+            known = {"anonymous"}
+        what = "token_ref" if by_token else "principal_ref"
+        seen: set[str] = set()
+        for share in pool.principals:
+            path = f"provider_pool.principals[{share.ref}]"
+            if share.ref in seen:
+                self.problem(f"{path}.ref", f"{share.ref!r} is listed twice; refs must be unique")
+            seen.add(share.ref)
+            if share.ref not in known:
+                self.problem(
+                    f"{path}.ref",
+                    f"{share.ref!r} names no configured principal; with fair_share: "
+                    f"{pool.fair_share} a ref is a {what} of openai.principal_tokens, or "
+                    f"'anonymous' when there are none; {_suggest(share.ref, sorted(known))}",
+                )
+            for model in share.models or ():
+                if model not in servable:
+                    self.problem(
+                        f"{path}.models",
+                        f"{model!r} is no model id or route id of this config; "
+                        f"{_suggest(model, sorted(servable))}",
+                    )
+
     def routes(self, nodes: tuple[Node, ...], model_ids: set[str]) -> tuple[ModelRoute, ...]:
         seen: set[str] = set()
         routes = []
@@ -420,6 +453,7 @@ def validate_config(config: EdgeConfig) -> EdgeConfig:
     referenced = {ref.id for model in models for ref in model.providers}
     pool = checker.queue_policy(referenced)
     routes = checker.routes(nodes, {m.id for m in models})
+    checker.principals({m.id for m in models} | {r.model for r in routes})
     if not models and not routes:
         checker.problem(
             "models",

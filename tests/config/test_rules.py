@@ -742,3 +742,59 @@ def test_a_provider_type_of_the_wrong_shape_is_a_problem_not_a_crash():
     doc = base_doc()
     provider(doc)["type"] = []
     assert problem_at(doc, "nodes[gpu-1].providers[vllm-a].type")
+
+
+# --- sharing the pool among principals (SPEC §5.2) ------------------------------------------
+
+
+def with_tokens(doc: dict[str, Any], *principals: str) -> dict[str, Any]:
+    tokens = [token(f"tok-{p}", format(i + 1, "064x"), p) for i, p in enumerate(principals)]
+    doc["openai"] = {"principal_tokens": tokens}
+    return doc
+
+
+def test_fair_share_defaults_to_principal_with_no_principal_limits():
+    pool = load(base_doc()).provider_pool
+    assert (pool.fair_share, pool.principals) == ("principal", ())
+
+
+def test_a_principal_share_names_a_configured_principal():
+    doc = with_tokens(base_doc(), "team-a", "team-b")
+    doc["provider_pool"]["principals"] = [{"ref": "team-a", "weight": 3}, {"ref": "team-c"}]
+    message = problem_at(doc, "provider_pool.principals[team-c].ref")
+    assert message.startswith("'team-c' names no configured principal")
+    assert "did you mean 'team-b'?" in message
+    doc["provider_pool"]["principals"] = [{"ref": "team-a"}, {"ref": "team-a"}]
+    assert "listed twice" in problem_at(doc, "provider_pool.principals[team-a].ref")
+
+
+def test_with_fair_share_token_a_ref_is_a_token_ref():
+    doc = with_tokens(base_doc(), "team-a")
+    doc["provider_pool"]["fair_share"] = "token"
+    doc["provider_pool"]["principals"] = [{"ref": "tok-team-a", "max_in_flight": 2}]
+    assert load(doc).provider_pool.principals[0].max_in_flight == 2
+    doc["provider_pool"]["principals"] = [{"ref": "team-a"}]
+    assert problem_at(doc, "provider_pool.principals[team-a].ref")
+
+
+def test_without_tokens_the_only_principal_is_anonymous():
+    doc = base_doc()
+    doc["provider_pool"]["principals"] = [{"ref": "anonymous", "max_queued": 0}]
+    assert load(doc).provider_pool.principals[0].max_queued == 0
+
+
+def test_principal_limits_are_checked():
+    doc = with_tokens(base_doc(), "team-a")
+    doc["provider_pool"]["principals"] = [
+        {"ref": "team-a", "weight": 0, "max_in_flight": 0, "max_requests_per_minute": 0}
+    ]
+    for key in ("weight", "max_in_flight", "max_requests_per_minute"):
+        assert problem_at(doc, f"provider_pool.principals[team-a].{key}")
+
+
+def test_a_model_allow_list_names_model_or_route_ids():
+    doc = with_tokens(base_doc(), "team-a")
+    doc["provider_pool"]["principals"] = [{"ref": "team-a", "models": ["chat", "caht"]}]
+    message = problem_at(doc, "provider_pool.principals[team-a].models")
+    assert message.startswith("'caht' is no model id or route id")
+    assert "did you mean 'chat'?" in message
