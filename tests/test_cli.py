@@ -107,6 +107,8 @@ def test_show_prints_the_effective_config_with_secrets_redacted():
             "max_eject_ms": 300000,
             "probe_interval_ms": 2000,
         },
+        "fair_share": "principal",
+        "principals": [],
     }
     assert shown["models"][0]["providers"][0] == {"id": "vllm-a", "target": "qwen3-32b"}
     # Every provider shows its effective health check: the type's default when omitted.
