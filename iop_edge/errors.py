@@ -21,7 +21,12 @@ from typing import Literal
 #: Why the scheduler refused or dropped a request (the values of
 #: :class:`iop_edge.pool.RejectReason`, which a test keeps equal).
 AdmissionReason = Literal[
-    "queue_full", "queue_timeout", "no_available_provider", "model_not_found", "client_gone"
+    "queue_full",
+    "queue_timeout",
+    "no_available_provider",
+    "model_not_found",
+    "client_gone",
+    "principal_queue_full",
 ]
 #: How an upstream call failed.
 AdapterCode = Literal["upstream_error", "upstream_timeout"]

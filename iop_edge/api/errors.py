@@ -15,6 +15,7 @@
 | input + max tokens over the context window  | 400    | ``context_length_exceeded`` |
 | body over ``openai.max_body_bytes``         | 413    | ``request_too_large``      |
 | queue full                                  | 429    | ``queue_full`` (+ Retry-After) |
+| the principal's ``max_queued`` reached       | 429    | ``principal_queue_full`` (+ Retry-After) |
 | waited past ``queue_timeout_ms``            | 503    | ``queue_timeout``          |
 | no enabled provider for the model           | 503    | ``no_available_provider``  |
 | upstream failed / timed out                 | 502/504 | ``upstream_error`` / ``_timeout`` |
@@ -40,6 +41,7 @@ RETRY_AFTER_SECONDS: Final = 1
 #: of :class:`iop_edge.pool.RejectReason` has one).
 ADMISSION_STATUS: Final[dict[AdmissionReason, int]] = {
     "queue_full": 429,
+    "principal_queue_full": 429,
     "queue_timeout": 503,
     "no_available_provider": 503,
     "model_not_found": 404,
@@ -73,5 +75,7 @@ def client_message(exc: IopEdgeError, provider: str | None) -> str:
 
 
 def error_headers(code: str) -> dict[str, str]:
-    """Extra headers of an error response (``Retry-After`` on ``queue_full``)."""
-    return {"Retry-After": str(RETRY_AFTER_SECONDS)} if code == "queue_full" else {}
+    """Extra headers of an error response (``Retry-After`` on the queue-full refusals)."""
+    if code in ("queue_full", "principal_queue_full"):
+        return {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    return {}

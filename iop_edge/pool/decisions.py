@@ -31,6 +31,7 @@ class RejectReason(StrEnum):
     """Why a request was refused or dropped; the values are the API error codes."""
 
     QUEUE_FULL = "queue_full"
+    PRINCIPAL_QUEUE_FULL = "principal_queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
     NO_AVAILABLE_PROVIDER = "no_available_provider"
     MODEL_NOT_FOUND = "model_not_found"

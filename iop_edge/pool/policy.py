@@ -92,8 +92,8 @@ class PoolPolicy:
     ``max_attempts`` is how many distinct providers one request may try before its first byte
     (1: no failover); ``health`` says when providers are ejected. ``fair_share`` is how freed
     slots are shared among principals (:mod:`iop_edge.pool.fair`; ``none``: arrival order),
-    ``weights`` and ``caps`` (``max_in_flight``) the configured principals' (others: weight 1,
-    no cap).
+    ``weights``, ``caps`` (``max_in_flight``) and ``queue_caps`` (``max_queued``) the
+    configured principals' (others: weight 1, no caps).
     """
 
     max_queue: int
@@ -105,6 +105,7 @@ class PoolPolicy:
     fair_share: Literal["principal", "token", "none"] = "principal"
     weights: Mapping[str, float] = field(default_factory=dict)
     caps: Mapping[str, int] = field(default_factory=dict)
+    queue_caps: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -132,6 +133,7 @@ class PoolPolicy:
         object.__setattr__(self, "groups", MappingProxyType(groups))
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
         object.__setattr__(self, "caps", MappingProxyType(dict(self.caps)))
+        object.__setattr__(self, "queue_caps", MappingProxyType(dict(self.queue_caps)))
 
     @property
     def queue_timeout_s(self) -> float | None:

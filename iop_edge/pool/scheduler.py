@@ -161,6 +161,17 @@ class PoolScheduler:
             membership = None if blocked else group.best_candidate(long_context)
             if membership is not None:
                 decisions.append(self._dispatch(request, membership, now))
+            elif (cap := self._policy.queue_caps.get(principal)) is not None and book.queued(
+                principal
+            ) >= cap:
+                decisions.append(
+                    self._reject(
+                        request,
+                        RejectReason.PRINCIPAL_QUEUE_FULL,
+                        f"principal {principal!r} has {book.queued(principal)} requests "
+                        f"pending, its max_queued is {cap}",
+                    )
+                )
             elif self._pending >= self._max_queue:
                 decisions.append(
                     self._reject(

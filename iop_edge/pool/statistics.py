@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 REJECTION_COUNTERS: tuple[str, ...] = (
     "queue_full",
+    "principal_queue_full",
     "queue_timeout",
     "no_available_provider",
     "model_not_found",

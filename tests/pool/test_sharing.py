@@ -112,3 +112,17 @@ def test_switching_to_fair_share_live_reorders_the_waiting_requests_without_losi
     assert scheduler.queue_depth == 4
     assert principals(serve(scheduler, running, 4)) == ["batch", "chat", "batch", "batch"]
     check_counters(scheduler)
+
+
+def test_a_principal_at_its_max_queued_is_refused_principal_queue_full() -> None:
+    policy = dataclasses.replace(sharing(), queue_caps={"batch": 1})
+    scheduler = PoolScheduler(policy)
+    assert submit(scheduler, "batch") is not None
+    assert submit(scheduler, "batch") is None  # queued: its one allowed
+    refused = scheduler.submit("m", now=0.0, principal="batch").request
+    assert refused.rejection is not None
+    assert refused.rejection.reason.value == "principal_queue_full"
+    assert submit(scheduler, "chat") is None  # another principal still queues
+    stats = scheduler.statistics()
+    assert (stats.queue_depth, stats.rejected["principal_queue_full"]) == (2, 1)
+    check_counters(scheduler)
