@@ -365,5 +365,8 @@ class AdmissionScheduler:
 
 def _admission_error(rejection: Rejection) -> AdmissionError:
     return AdmissionError(
-        rejection.reason.value, rejection.message, config_change=rejection.config_change
+        rejection.reason.value,
+        rejection.message,
+        config_change=rejection.config_change,
+        retry_after=rejection.retry_after,
     )

@@ -27,6 +27,7 @@ AdmissionReason = Literal[
     "model_not_found",
     "client_gone",
     "principal_queue_full",
+    "rate_limit_exceeded",
 ]
 #: How an upstream call failed.
 AdapterCode = Literal["upstream_error", "upstream_timeout"]
@@ -82,10 +83,17 @@ class AdmissionError(IopEdgeError):
     """
 
     def __init__(
-        self, reason: AdmissionReason, message: str, *, config_change: bool = False
+        self,
+        reason: AdmissionReason,
+        message: str,
+        *,
+        config_change: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         self.reason = reason
         self.config_change = config_change
+        #: seconds until a retry could be admitted (the rate limit's), when known
+        self.retry_after = retry_after
         super().__init__(message)
 
 

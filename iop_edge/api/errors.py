@@ -16,6 +16,7 @@
 | body over ``openai.max_body_bytes``         | 413    | ``request_too_large``      |
 | queue full                                  | 429    | ``queue_full`` (+ Retry-After) |
 | the principal's ``max_queued`` reached       | 429    | ``principal_queue_full`` (+ Retry-After) |
+| over its ``max_requests_per_minute``         | 429    | ``rate_limit_exceeded`` (+ Retry-After) |
 | waited past ``queue_timeout_ms``            | 503    | ``queue_timeout``          |
 | no enabled provider for the model           | 503    | ``no_available_provider``  |
 | upstream failed / timed out                 | 502/504 | ``upstream_error`` / ``_timeout`` |
@@ -42,6 +43,7 @@ RETRY_AFTER_SECONDS: Final = 1
 ADMISSION_STATUS: Final[dict[AdmissionReason, int]] = {
     "queue_full": 429,
     "principal_queue_full": 429,
+    "rate_limit_exceeded": 429,
     "queue_timeout": 503,
     "no_available_provider": 503,
     "model_not_found": 404,

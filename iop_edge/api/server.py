@@ -54,7 +54,7 @@ from iop_edge.config.policy import completions_group
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
 from iop_edge.envelope import envelope
-from iop_edge.errors import AdapterError, IopEdgeError, RequestError
+from iop_edge.errors import AdapterError, AdmissionError, IopEdgeError, RequestError
 from iop_edge.listeners import ConnectionGuard
 from iop_edge.logs import Logger, RequestLineWriter, structured_request_line
 from iop_edge.pool import ANONYMOUS, Failure
@@ -506,6 +506,8 @@ def _error_response(
 ) -> web.Response:
     status, code, param = describe(exc)
     headers = {"x-request-id": request_id, **error_headers(code)}
+    if isinstance(exc, AdmissionError) and exc.retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     if provider:
         headers["x-iop-provider"] = provider
     return web.Response(

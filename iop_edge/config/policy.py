@@ -44,6 +44,11 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
         weights={p.ref: float(p.weight) for p in pool.principals if p.weight != 1},
         caps={p.ref: p.max_in_flight for p in pool.principals if p.max_in_flight is not None},
         queue_caps={p.ref: p.max_queued for p in pool.principals if p.max_queued is not None},
+        per_minute={
+            p.ref: p.max_requests_per_minute
+            for p in pool.principals
+            if p.max_requests_per_minute is not None
+        },
         health=HealthPolicy(
             failure_threshold=health.failure_threshold,
             eject_ms=health.eject_ms,

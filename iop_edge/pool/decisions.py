@@ -32,6 +32,7 @@ class RejectReason(StrEnum):
 
     QUEUE_FULL = "queue_full"
     PRINCIPAL_QUEUE_FULL = "principal_queue_full"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     QUEUE_TIMEOUT = "queue_timeout"
     NO_AVAILABLE_PROVIDER = "no_available_provider"
     MODEL_NOT_FOUND = "model_not_found"
@@ -162,6 +163,7 @@ class Rejection:
     reason: RejectReason
     message: str
     config_change: bool = False
+    retry_after: float | None = None
 
 
 Decision = Dispatch | Rejection

@@ -92,8 +92,9 @@ class PoolPolicy:
     ``max_attempts`` is how many distinct providers one request may try before its first byte
     (1: no failover); ``health`` says when providers are ejected. ``fair_share`` is how freed
     slots are shared among principals (:mod:`iop_edge.pool.fair`; ``none``: arrival order),
-    ``weights``, ``caps`` (``max_in_flight``) and ``queue_caps`` (``max_queued``) the
-    configured principals' (others: weight 1, no caps).
+    ``weights``, ``caps`` (``max_in_flight``), ``queue_caps`` (``max_queued``) and
+    ``per_minute`` (``max_requests_per_minute``) the configured principals' (others: weight 1,
+    no limits).
     """
 
     max_queue: int
@@ -106,6 +107,7 @@ class PoolPolicy:
     weights: Mapping[str, float] = field(default_factory=dict)
     caps: Mapping[str, int] = field(default_factory=dict)
     queue_caps: Mapping[str, int] = field(default_factory=dict)
+    per_minute: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -134,6 +136,7 @@ class PoolPolicy:
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
         object.__setattr__(self, "caps", MappingProxyType(dict(self.caps)))
         object.__setattr__(self, "queue_caps", MappingProxyType(dict(self.queue_caps)))
+        object.__setattr__(self, "per_minute", MappingProxyType(dict(self.per_minute)))
 
     @property
     def queue_timeout_s(self) -> float | None:

@@ -50,6 +50,7 @@ from iop_edge.pool.decisions import (
 from iop_edge.pool.fair import ANONYMOUS, FairQueue, PrincipalBook, service_key
 from iop_edge.pool.health import OK, Failure, HealthEvent, Outcome
 from iop_edge.pool.policy import PoolPolicy, ProviderKey
+from iop_edge.pool.rates import RateLimits
 from iop_edge.pool.slots import Membership, ModelGroup, ProviderSlot
 from iop_edge.pool.statistics import (
     REJECTION_COUNTERS,
@@ -97,6 +98,7 @@ class PoolScheduler:
         self._double_releases = 0
         self._rejected = dict.fromkeys(REJECTION_COUNTERS, 0)
         self._book = PrincipalBook(policy.weights, policy.caps, policy.fair_share)
+        self._rates = RateLimits(policy.per_minute)
         self._install(policy)
 
     @property
@@ -146,6 +148,17 @@ class PoolScheduler:
                     request,
                     RejectReason.NO_AVAILABLE_PROVIDER,
                     f"model group {group_id!r} has no enabled provider",
+                )
+            )
+        elif (wait := self._rates.take(principal, now)) is not None:
+            decisions.append(
+                self._reject(
+                    request,
+                    RejectReason.RATE_LIMIT_EXCEEDED,
+                    f"principal {principal!r} is over its max_requests_per_minute "
+                    f"({self._policy.per_minute[principal]}); the next request is allowed in "
+                    f"{wait:.3f} s",
+                    retry_after=wait,
                 )
             )
         else:
@@ -321,6 +334,7 @@ class PoolScheduler:
         dropped.sort(key=lambda item: item[0].request_id)
         for request, reason, message in dropped:
             decisions.append(self._reject(request, reason, message, config_change=True))
+        self._rates.update(policy.per_minute)
         self._book.reweigh(
             [q for group in self._groups.values() for q in group.queues],
             weights=policy.weights,
@@ -553,10 +567,11 @@ class PoolScheduler:
         message: str,
         *,
         config_change: bool = False,
+        retry_after: float | None = None,
     ) -> Rejection:
         if request.queue is not None:
             self._dequeue(request)
-        rejection = Rejection(request, reason, message, config_change)
+        rejection = Rejection(request, reason, message, config_change, retry_after)
         request.state = RequestState.REJECTED
         request.rejection = rejection
         self._rejected["config_change" if config_change else reason.value] += 1

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 REJECTION_COUNTERS: tuple[str, ...] = (
     "queue_full",
     "principal_queue_full",
+    "rate_limit_exceeded",
     "queue_timeout",
     "no_available_provider",
     "model_not_found",

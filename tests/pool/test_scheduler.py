@@ -627,6 +627,7 @@ def test_statistics_counters_agree_with_the_requests_fates() -> None:
     assert dict(stats.rejected) == {
         "queue_full": 1,
         "principal_queue_full": 0,
+        "rate_limit_exceeded": 0,
         "queue_timeout": 1,
         "no_available_provider": 0,
         "model_not_found": 1,

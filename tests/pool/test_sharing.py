@@ -126,3 +126,29 @@ def test_a_principal_at_its_max_queued_is_refused_principal_queue_full() -> None
     stats = scheduler.statistics()
     assert (stats.queue_depth, stats.rejected["principal_queue_full"]) == (2, 1)
     check_counters(scheduler)
+
+
+def test_max_requests_per_minute_refuses_with_the_seconds_until_the_next_is_allowed() -> None:
+    """A bucket of 2 a minute: two at once, the third refused (30 s until a token is back),
+    allowed again once it is; another principal is not limited."""
+    scheduler = PoolScheduler(dataclasses.replace(sharing(capacity=10), per_minute={"batch": 2}))
+    assert submit(scheduler, "batch", 0.0) is not None
+    assert submit(scheduler, "batch", 0.0) is not None
+    refused = scheduler.submit("m", now=0.0, principal="batch").request.rejection
+    assert refused is not None
+    assert (refused.reason.value, refused.retry_after) == ("rate_limit_exceeded", 30.0)
+    assert submit(scheduler, "chat", 0.0) is not None
+    assert scheduler.submit("m", now=29.5, principal="batch").request.rejection is not None
+    assert scheduler.submit("m", now=30.25, principal="batch").request.rejection is None
+    assert scheduler.statistics().rejected["rate_limit_exceeded"] == 2
+    check_counters(scheduler)
+
+
+def test_the_rate_bucket_refills_at_per_minute_over_60_a_second() -> None:
+    scheduler = PoolScheduler(dataclasses.replace(sharing(capacity=100), per_minute={"batch": 60}))
+    for _ in range(60):
+        assert submit(scheduler, "batch", 0.0) is not None
+    refused = scheduler.submit("m", now=0.5, principal="batch").request.rejection
+    assert refused is not None
+    assert refused.retry_after == 0.5
+    assert submit(scheduler, "batch", 1.0) is not None  # one token back after a second
