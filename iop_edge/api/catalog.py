@@ -70,6 +70,26 @@ class Catalog:
     #: Unix time the catalog was built (the ``created`` of every model object)
     created: int
     models_body: bytes = field(repr=False)
+    #: ``provider_pool.fair_share``: whose share a request counts in (see :meth:`share_of`)
+    fair_share: str = "principal"
+    #: principal (or token) ref → the model and route ids it may use; absent: all
+    allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    #: the ``/v1/models`` body of each ref with an allow-list
+    allowed_bodies: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+
+    def share_of(self, principal_ref: str, token_ref: str) -> str:
+        """The ref a request is shared, capped and allow-listed under: its token's
+        ``token_ref`` with ``fair_share: token``, else its ``principal_ref``."""
+        return token_ref if self.fair_share == "token" else principal_ref
+
+    def permits(self, ref: str, model_id: str) -> bool:
+        """Whether ``ref`` may use ``model_id`` (its allow-list names it, or it has none)."""
+        allowed = self.allowed.get(ref)
+        return allowed is None or model_id in allowed
+
+    def models_body_for(self, ref: str) -> bytes:
+        """The ``GET /v1/models`` body ``ref`` sees: only what it may use."""
+        return self.allowed_bodies.get(ref, self.models_body)
 
     def model_body(self, model_id: str) -> bytes | None:
         """The ``GET /v1/models/{id}`` body, or None for an unknown id."""
@@ -103,6 +123,13 @@ def build_catalog(config: EdgeConfig, created: int = 0) -> Catalog:
     listing = [_model_object(g.id, g.display_name, created) for g in config.models] + [
         _model_object(r.model, None, created) for r in config.openai.model_routes
     ]
+    allowed = {
+        p.ref: frozenset(p.models) for p in config.provider_pool.principals if p.models is not None
+    }
+    allowed_bodies = {
+        ref: orjson.dumps({"object": "list", "data": [m for m in listing if m["id"] in ids]})
+        for ref, ids in allowed.items()
+    }
     return Catalog(
         models=MappingProxyType(models),
         routes=MappingProxyType(routes),
@@ -110,4 +137,7 @@ def build_catalog(config: EdgeConfig, created: int = 0) -> Catalog:
         provider_nodes=MappingProxyType({p.id: n.id for n in config.nodes for p in n.providers}),
         created=created,
         models_body=orjson.dumps({"object": "list", "data": listing}),
+        fair_share=config.provider_pool.fair_share,
+        allowed=MappingProxyType(allowed),
+        allowed_bodies=MappingProxyType(allowed_bodies),
     )

@@ -158,16 +158,18 @@ class OpenAIServer:
         return web.Response(body=b'{"status":"starting"}', status=503, content_type=_JSON)
 
     async def list_models(self, request: web.Request) -> web.Response:
-        """``GET /v1/models``: every model group and model route."""
+        """``GET /v1/models``: every model group and model route the caller may use."""
         rid = _request_id(request)
         try:
             self.guard.check(request.headers)
-            self.auth.authenticate(request.headers.get("Authorization"))
+            principal = self.auth.authenticate(request.headers.get("Authorization"))
         except IopEdgeError as exc:
             return _error_response(exc, rid)
-        return web.Response(
-            body=self.catalog.models_body, content_type=_JSON, headers={"x-request-id": rid}
+        catalog = self.catalog
+        body = catalog.models_body_for(
+            catalog.share_of(principal.principal_ref, principal.token_ref)
         )
+        return web.Response(body=body, content_type=_JSON, headers={"x-request-id": rid})
 
     async def get_model(self, request: web.Request) -> web.Response:
         """``GET /v1/models/{id}``."""
@@ -175,8 +177,10 @@ class OpenAIServer:
         model_id = request.match_info["model_id"]
         try:
             self.guard.check(request.headers)
-            self.auth.authenticate(request.headers.get("Authorization"))
-            body = self.catalog.model_body(model_id)
+            principal = self.auth.authenticate(request.headers.get("Authorization"))
+            catalog = self.catalog
+            ref = catalog.share_of(principal.principal_ref, principal.token_ref)
+            body = catalog.model_body(model_id) if catalog.permits(ref, model_id) else None
             if body is None:
                 raise _model_not_found(model_id)
         except IopEdgeError as exc:
@@ -269,6 +273,15 @@ class OpenAIServer:
         record.stream = bool(body.get("stream"))
         upstream_headers = self.provider_auth.upstream_headers(request.headers)
         catalog = self.catalog
+        principal = record.principal
+        share = (
+            catalog.share_of(principal.principal_ref, principal.token_ref)
+            if principal
+            else ANONYMOUS
+        )
+        if not catalog.permits(share, model_id):
+            # Exactly as an unknown model: the allow-list leaks no model's existence.
+            raise _model_not_found(model_id)
         model = catalog.models.get(model_id)
         if model is None:
             route = catalog.routes.get(model_id)
@@ -303,9 +316,8 @@ class OpenAIServer:
                     param="model",
                 )
             group = completions_group(model.id)
-        principal = record.principal.principal_ref if record.principal else ANONYMOUS
         lease: Lease | None = await self.scheduler.admit(
-            group, long_context=prepared.long_context, principal=principal
+            group, long_context=prepared.long_context, principal=share
         )
         assert lease is not None
         record.queue_wait = lease.queue_wait
