@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from iop_edge.pool.policy import ProviderKey
 
 if TYPE_CHECKING:
+    from iop_edge.pool.fair import Share
     from iop_edge.pool.slots import ProviderSlot
 
 
@@ -43,14 +44,15 @@ class PendingRequest:
     """One request submitted to the scheduler, and its handle for :meth:`cancel`.
 
     Callers read the attributes and never write them; only the scheduler moves ``state`` from
-    ``PENDING`` to ``DISPATCHED`` (then ``lease`` is set) or ``REJECTED`` (then ``rejection`` is
+    ``PENDING`` to ``DISPATCHED`` (then ``lease`` is set, until
+    the lease is released) or ``REJECTED`` (then ``rejection`` is
     set), exactly once — or, failing over, from ``DISPATCHED`` back to ``PENDING``:
     ``attempts`` counts the providers it was given, ``tried`` names them. ``deadline`` is the
     monotonic time at which a pending request expires (``None``: never); it is recomputed from
-    ``submitted_at`` when the queue timeout changes. ``principal`` is who it is served for and
-    ``start`` its start tag in the fair order (both set by :class:`~iop_edge.pool.fair.FairQueue`,
-    see :mod:`iop_edge.pool.fair`). Identity is the request: two handles are equal only if they
-    are the same object.
+    ``submitted_at`` when the queue timeout changes. ``share`` is the
+    :class:`~iop_edge.pool.fair.Share` of the principal it is served for (``principal`` its name)
+    and ``start`` its start tag in the fair order (see :mod:`iop_edge.pool.fair`). Identity is
+    the request: two handles are equal only if they are the same object.
     """
 
     __slots__ = (
@@ -59,10 +61,10 @@ class PendingRequest:
         "group_id",
         "lease",
         "long_context",
-        "principal",
         "queue",
         "rejection",
         "request_id",
+        "share",
         "start",
         "state",
         "submitted_at",
@@ -81,10 +83,17 @@ class PendingRequest:
         self.lease: SlotLease | None = None
         self.rejection: Rejection | None = None
         self.queue: RequestQueue | None = None
-        self.principal = ""
+        #: set at once by the scheduler's submit (or a FairQueue's push): never None after
+        self.share: Share = None  # type: ignore[assignment]
         self.start = 0.0
         self.attempts = 0
         self.tried: frozenset[ProviderKey] = frozenset()
+
+    @property
+    def principal(self) -> str:
+        """Who the request is served for (its share's name; ``""`` before it has one)."""
+        share: Share | None = self.share
+        return "" if share is None else share.name
 
     def __repr__(self) -> str:
         kind = "long" if self.long_context else "general"

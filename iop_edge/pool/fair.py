@@ -1,9 +1,9 @@
 """Fair sharing of the pool among principals (SPEC §5.2): start-time fair queuing.
 
-One :class:`PrincipalBook` per scheduler holds what is pool-wide: each principal's weight and
-``max_in_flight`` cap, its leases in flight and requests queued, and the fair-queuing clock. One
-:class:`FairQueue` per (model group, kind) holds that kind's pending requests, in the order in
-which freed slots serve them.
+One :class:`PrincipalBook` per scheduler holds what is pool-wide: one :class:`Share` per
+principal (its weight and ``max_in_flight`` cap, its leases in flight and requests queued) and
+the fair-queuing clock. One :class:`FairQueue` per (model group, kind) holds that kind's pending
+requests, in the order in which freed slots serve them.
 
 The order (start-time fair queuing, SFQ): the book keeps a virtual time ``V`` and, per principal
 ``p``, the finish tag ``F[p]`` of its latest request. A request of ``p`` pushed gets the start
@@ -18,21 +18,23 @@ tag is 0: the key is the arrival order across everyone (one FIFO, the behaviour 
 
 A principal at its ``max_in_flight`` is skipped, not refused: the first time its request comes
 up in :meth:`FairQueue.head`, its requests in that queue are parked aside (out of the queue's
-heap) until :meth:`PrincipalBook.release` brings it under its cap again, which returns the queues
-it put back so the scheduler can hand them free slots.
+heap) until :meth:`Share.release` brings it under its cap again, which returns the queues it put
+back so the scheduler can hand them free slots.
 
-Data structures, so that no operation costs O(pending): per queue and principal a FIFO lane
-(a deque, with lazy removal as in :class:`~iop_edge.pool.decisions.RequestQueue`), and per queue
-a heap of the lanes' heads ``(S, request_id, request)`` for the lanes that are not parked, with
-stale entries dropped when they surface. ``push``, ``discard``, ``take`` and ``head`` cost
-O(log principals) amortized; only a live change of weights or mode (:meth:`PrincipalBook.
-reweigh`) re-tags every pending request, in one pass.
+Data structures, so that no operation costs O(pending): per queue and principal a FIFO lane (a
+list with a moving front, with lazy removal as in :class:`~iop_edge.pool.decisions.RequestQueue`),
+and per queue a heap of the lanes' heads ``(S, request_id, request)`` for the lanes that are not
+parked, with stale entries dropped when they surface. ``push``, ``discard``, ``take`` and
+``head`` cost O(log principals) amortized; only a live change of weights or mode
+(:meth:`PrincipalBook.reweigh`) re-tags every pending request, in one pass. A principal's
+counters live on its :class:`Share` (attributes, not dictionaries keyed by name: this is the
+dispatch path); the book keeps one per principal it has seen, which the configured principals
+(and ``anonymous``) bound.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Literal
 
@@ -57,47 +59,96 @@ def service_key(request: PendingRequest) -> tuple[float, int]:
     return (request.start, request.request_id)
 
 
-class PrincipalBook:
-    """The pool-wide state of fair sharing: weights, caps, leases in flight, requests queued,
-    and the virtual clock of start-time fair queuing.
+class Share:
+    """One principal's part of the book: its policy (``weight``, ``cap``) and its counts.
 
-    The scheduler reports every lease of a principal with :meth:`acquire` and :meth:`release`
-    (whether the request queued or not); the :class:`FairQueue` objects built on this book
-    report what they queue. A principal not named in ``weights`` has weight 1, one not named in
-    ``caps`` no cap.
+    ``max_queued`` caps its pending requests (the scheduler refuses past it).
+    ``in_flight`` counts the leases it holds pool-wide (the scheduler reports them with
+    :meth:`acquire` and :meth:`release`), ``queued`` its requests pending in the book's queues.
+    Read-only for everyone but the book, its queues and the scheduler.
     """
 
     __slots__ = (
-        "_caps",
-        "_costs",
-        "_fair",
-        "_finish",
-        "_in_flight",
-        "_mode",
-        "_parked",
-        "_queued",
-        "_virtual",
-        "_weights",
+        "cap",
+        "cost",
+        "finish",
+        "in_flight",
+        "max_queued",
+        "name",
+        "parked",
+        "queued",
+        "weight",
     )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.weight = 1.0
+        self.cost = 1.0  # 1 / weight: how far one request advances its finish tag
+        self.cap: int | None = None  # max_in_flight
+        self.max_queued: int | None = None
+        self.in_flight = 0
+        self.queued = 0
+        self.finish = 0.0  # the finish tag of its latest request
+        #: the queues holding its lanes parked because of its cap (empty: none)
+        self.parked: list[FairQueue] = []
+
+    @property
+    def eligible(self) -> bool:
+        """Whether it may take one more lease now (it is under its cap)."""
+        cap = self.cap
+        return cap is None or self.in_flight < cap
+
+    def acquire(self) -> None:
+        """It got a lease (from a queue or at once)."""
+        self.in_flight += 1
+
+    def release(self) -> Sequence[FairQueue]:
+        """A lease of it was released. Returns the queues in which its requests were parked
+        and now compete again (it fell under its cap): the scheduler offers their free slots to
+        them. Empty on the happy path (nothing parked), without allocating."""
+        self.in_flight -= 1
+        if not self.parked:
+            return _NOTHING
+        cap = self.cap
+        if cap is not None and self.in_flight >= cap:
+            return _NOTHING
+        queues, self.parked = self.parked, []
+        for queue in queues:
+            queue._unpark(self)
+        return queues
+
+    def __repr__(self) -> str:
+        return (
+            f"<Share {self.name!r} weight={self.weight:g} cap={self.cap} "
+            f"in_flight={self.in_flight} queued={self.queued}>"
+        )
+
+
+class PrincipalBook:
+    """The pool-wide state of fair sharing: a :class:`Share` per principal and the virtual
+    clock of start-time fair queuing.
+
+    A principal not named in ``weights`` has weight 1, one not named in ``caps``
+    (``max_in_flight``) or ``queue_caps`` (``max_queued``) no such cap.
+    """
+
+    __slots__ = ("_caps", "_fair", "_mode", "_queue_caps", "_shares", "_virtual", "_weights")
 
     def __init__(
         self,
         weights: Mapping[str, float] | None = None,
         caps: Mapping[str, int] | None = None,
         mode: FairShareMode = "principal",
+        queue_caps: Mapping[str, int] | None = None,
     ) -> None:
+        self._shares: dict[str, Share] = {}
         self._weights: dict[str, float] = {}
-        self._costs: dict[str, float] = {}
         self._caps: dict[str, int] = {}
+        self._queue_caps: dict[str, int] = {}
         self._mode: FairShareMode = mode
         self._fair = True
-        self._set(weights or {}, caps or {}, mode)
         self._virtual = 0.0
-        self._finish: dict[str, float] = {}
-        self._in_flight: dict[str, int] = {}
-        self._queued: dict[str, int] = {}
-        #: principals whose lanes are parked because of their cap, and the queues holding them
-        self._parked: dict[str, list[FairQueue]] = {}
+        self._set(weights or {}, caps or {}, mode, queue_caps or {})
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -111,6 +162,23 @@ class PrincipalBook:
         """The virtual time ``V``: the largest start tag dispatched so far (0 in mode none)."""
         return self._virtual
 
+    @property
+    def capped(self) -> bool:
+        """Whether any principal has a ``max_in_flight`` (else everyone is always eligible)."""
+        return bool(self._caps)
+
+    def share(self, principal: str) -> Share:
+        """The share of ``principal`` (made on first use, with the policy in force)."""
+        share = self._shares.get(principal)
+        if share is None:
+            share = self._shares[principal] = Share(principal)
+            self._apply(share)
+        return share
+
+    def shares(self) -> list[Share]:
+        """Every share the book has, by name."""
+        return sorted(self._shares.values(), key=_name)
+
     def weight(self, principal: str) -> float:
         """The weight of ``principal`` (1 unless configured)."""
         return self._weights.get(principal, 1.0)
@@ -121,48 +189,27 @@ class PrincipalBook:
 
     def in_flight(self, principal: str) -> int:
         """How many leases ``principal`` holds, pool-wide."""
-        return self._in_flight.get(principal, 0)
+        share = self._shares.get(principal)
+        return 0 if share is None else share.in_flight
 
     def queued(self, principal: str) -> int:
         """How many requests of ``principal`` wait in this book's queues."""
-        return self._queued.get(principal, 0)
-
-    @property
-    def capped(self) -> bool:
-        """Whether any principal has a ``max_in_flight`` (else everyone is always eligible)."""
-        return bool(self._caps)
+        share = self._shares.get(principal)
+        return 0 if share is None else share.queued
 
     def eligible(self, principal: str) -> bool:
         """Whether ``principal`` may take one more lease now (it is under its cap)."""
-        cap = self._caps.get(principal)
-        return cap is None or self._in_flight.get(principal, 0) < cap
+        return self.share(principal).eligible
 
-    # -- leases ------------------------------------------------------------------------------
+    # -- leases (by name; the scheduler calls its request's share directly) ---------------------
 
     def acquire(self, principal: str) -> None:
-        """``principal`` got a lease (from a queue or at once)."""
-        in_flight = self._in_flight
-        in_flight[principal] = in_flight.get(principal, 0) + 1
+        """``principal`` got a lease (see :meth:`Share.acquire`)."""
+        self.share(principal).acquire()
 
     def release(self, principal: str) -> Sequence[FairQueue]:
-        """A lease of ``principal`` was released. Returns the queues in which its requests were
-        parked and now compete again (it fell under its cap): the scheduler offers their free
-        slots to them. Empty on the happy path (no cap), without allocating."""
-        in_flight = self._in_flight
-        count = in_flight[principal] - 1
-        if count:
-            in_flight[principal] = count
-        else:
-            del in_flight[principal]  # so the dict follows the principals holding leases
-        if principal not in self._parked:
-            return _NOTHING
-        cap = self._caps.get(principal)
-        if cap is not None and count >= cap:
-            return _NOTHING
-        queues = self._parked.pop(principal)
-        for queue in queues:
-            queue._unpark(principal)
-        return queues
+        """A lease of ``principal`` was released (see :meth:`Share.release`)."""
+        return self.share(principal).release()
 
     # -- live changes --------------------------------------------------------------------------
 
@@ -173,6 +220,7 @@ class PrincipalBook:
         weights: Mapping[str, float],
         caps: Mapping[str, int],
         mode: FairShareMode,
+        queue_caps: Mapping[str, int] | None = None,
     ) -> list[FairQueue]:
         """Take new weights, caps and mode live; ``queues`` are all the queues of this book.
 
@@ -186,20 +234,26 @@ class PrincipalBook:
         """
         queues = list(queues)
         retag = mode != self._mode or dict(weights) != self._weights
-        self._set(weights, caps, mode)
-        self._parked.clear()
+        self._set(weights, caps, mode, queue_caps or {})
+        for share in self._shares.values():
+            share.parked = []
         if retag:
             pending = [request for queue in queues for request in queue._pending()]
             pending.sort(key=_arrival)
-            self._finish.clear()
+            for share in self._shares.values():
+                share.finish = 0.0
             for request in pending:
-                request.start = self._tag(request.principal)
+                request.start = self._tag(request.share)
         for queue in queues:
             queue._rebuild()
         return [queue for queue in queues if queue.live]
 
     def _set(
-        self, weights: Mapping[str, float], caps: Mapping[str, int], mode: FairShareMode
+        self,
+        weights: Mapping[str, float],
+        caps: Mapping[str, int],
+        mode: FairShareMode,
+        queue_caps: Mapping[str, int],
     ) -> None:
         problems = [
             f"principals[{ref}].weight: {weight!r} is not positive; weight must be > 0"
@@ -211,48 +265,85 @@ class PrincipalBook:
             for ref, cap in caps.items()
             if not cap > 0
         )
+        problems.extend(
+            f"principals[{ref}].max_queued: {cap!r} is negative; max_queued must be >= 0"
+            for ref, cap in queue_caps.items()
+            if not cap >= 0
+        )
         if mode not in FAIR_SHARE_MODES:
             problems.append(f"fair_share: {mode!r} is not one of principal, token, none")
         if problems:
             raise ValueError("; ".join(problems))
         self._weights = {ref: float(weight) for ref, weight in weights.items()}
-        self._costs = {ref: 1.0 / weight for ref, weight in self._weights.items()}
         self._caps = dict(caps)
+        self._queue_caps = dict(queue_caps)
         self._mode = mode
         self._fair = mode != "none"
+        for share in self._shares.values():
+            self._apply(share)
 
-    def _tag(self, principal: str) -> float:
-        """The start tag of a new request of ``principal``; advances its finish tag."""
+    def _apply(self, share: Share) -> None:
+        share.weight = self._weights.get(share.name, 1.0)
+        share.cost = 1.0 / share.weight
+        share.cap = self._caps.get(share.name)
+        share.max_queued = self._queue_caps.get(share.name)
+
+    def _tag(self, share: Share) -> float:
+        """The start tag of a new request of ``share``; advances its finish tag."""
         if not self._fair:
             return 0.0
-        finish = self._finish
         virtual = self._virtual
-        last = finish.get(principal, virtual)
-        start = last if last > virtual else virtual
-        finish[principal] = start + self._costs.get(principal, 1.0)
+        finish = share.finish
+        start = finish if finish > virtual else virtual
+        share.finish = start + share.cost
         return start
-
-    def _park(self, principal: str, queue: FairQueue) -> None:
-        parked = self._parked.get(principal)
-        if parked is None:
-            self._parked[principal] = [queue]
-        else:
-            parked.append(queue)
 
 
 def _arrival(request: PendingRequest) -> int:
     return request.request_id
 
 
-class _Lane:
-    """The requests of one principal in one queue, oldest first, with lazy removal."""
+def _name(share: Share) -> str:
+    return share.name
 
-    __slots__ = ("entries", "live", "parked")
+
+class _Lane(list[PendingRequest]):
+    """The requests of one principal in one queue, oldest first, with lazy removal: ``live``
+    of them are still pending here, and the front is at index ``first``.
+
+    A list with a moving front rather than a deque: most lanes hold a request or two, and an
+    empty deque alone weighs more than half a kilobyte.
+    """
+
+    __slots__ = ("first", "live", "parked")
 
     def __init__(self) -> None:
-        self.entries: deque[PendingRequest] = deque()
+        super().__init__()
+        self.first = 0
         self.live = 0
         self.parked = False
+
+    def advance(self, queue: FairQueue) -> PendingRequest:
+        """Drop the front request and any after it that left ``queue``; return the new front
+        (the caller knows one is live)."""
+        first = self.first + 1
+        while self[first].queue is not queue:
+            first += 1
+        if first > 16 and 2 * first > len(self):
+            del self[:first]  # the departed front is more than half the list: shed it
+            first = 0
+        self.first = first
+        return self[first]
+
+    def keep(self, queue: FairQueue) -> None:
+        """Drop every request that left ``queue``."""
+        self[:] = [r for r in self if r.queue is queue]
+        self.first = 0
+
+    def empty(self) -> None:
+        """Forget every request (none is live)."""
+        self.clear()
+        self.first = 0
 
 
 class FairQueue(RequestQueue):
@@ -276,7 +367,7 @@ class FairQueue(RequestQueue):
         self._book = book
         self.group_id = group_id
         self.long_context = long_context
-        self._lanes: dict[str, _Lane] = {}
+        self._lanes: dict[Share, _Lane] = {}
         self._heap: list[HeadEntry] = []
 
     @property
@@ -284,20 +375,25 @@ class FairQueue(RequestQueue):
         """The book of principals this queue shares with the pool's other queues."""
         return self._book
 
-    def push(self, request: PendingRequest, principal: str = ANONYMOUS) -> None:
-        """Queue ``request`` of ``principal``: tag it, and put it last among that principal's."""
+    def push(self, request: PendingRequest, principal: str | None = None) -> None:
+        """Queue ``request``: tag it, and put it last among its principal's requests.
+
+        Its principal is ``principal`` if given, else the share the scheduler set on it, else
+        ``anonymous``.
+        """
         book = self._book
-        start = book._tag(principal) if book._fair else 0.0
+        share: Share | None = request.share
+        if principal is not None or share is None:
+            share = request.share = book.share(principal or ANONYMOUS)
+        start = book._tag(share) if book._fair else 0.0
         request.queue = self
-        request.principal = principal
         request.start = start
-        queued = book._queued
-        queued[principal] = queued.get(principal, 0) + 1
+        share.queued += 1
         self.live += 1
-        lane = self._lanes.get(principal)
+        lane = self._lanes.get(share)
         if lane is None:
-            lane = self._lanes[principal] = _Lane()
-        lane.entries.append(request)
+            lane = self._lanes[share] = _Lane()
+        lane.append(request)
         lane.live += 1
         if lane.live == 1 and not lane.parked:
             heap = self._heap
@@ -309,26 +405,23 @@ class FairQueue(RequestQueue):
         """The request a slot of this queue's kind goes to next, or ``None``: nothing pending,
         or only requests of principals at their cap (those are parked on the way)."""
         heap = self._heap
-        caps = self._book._caps
         while heap:
             request = heap[0][2]
             if request.queue is self:
-                if not caps:
+                share = request.share
+                cap = share.cap
+                if cap is None or share.in_flight < cap:
                     return request
-                principal = request.principal
-                cap = caps.get(principal)
-                if cap is None or self._book._in_flight.get(principal, 0) < cap:
-                    return request
-                # At its cap: set its lane aside until the book says it is under again.
-                self._lanes[principal].parked = True
-                self._book._park(principal, self)
+                # At its cap: set its lane aside until its share says it is under again.
+                self._lanes[share].parked = True
+                share.parked.append(self)
             heapq.heappop(heap)
         return None
 
     def take(self, request: PendingRequest) -> None:
         """``request`` (pending here) was dispatched: remove it and advance the virtual time.
 
-        The scheduler still reports the lease with :meth:`PrincipalBook.acquire`.
+        The scheduler still reports the lease with :meth:`Share.acquire`.
         """
         book = self._book
         if request.start > book._virtual:
@@ -345,34 +438,27 @@ class FairQueue(RequestQueue):
     def discard(self, request: PendingRequest) -> None:
         """Take ``request`` out of the queue (lazily), whatever its position."""
         request.queue = None
-        principal = request.principal
-        book = self._book
-        queued = book._queued
-        count = queued[principal] - 1
-        if count:
-            queued[principal] = count
-        else:
-            del queued[principal]
+        share = request.share
+        share.queued -= 1
         self.live -= 1
-        lane = self._lanes[principal]
+        lane = self._lanes[share]
         lane.live -= 1
-        entries = lane.entries
         if not lane.live:
-            entries.clear()
+            if lane.parked:
+                lane.empty()  # kept: its share will unpark it
+            else:
+                del self._lanes[share]  # so the lanes (and the heap's bound) follow the live ones
             return
-        if entries[0] is not request:
-            if len(entries) > 2 * lane.live + 16:
+        if lane[lane.first] is not request:
+            if len(lane) - lane.first > 2 * lane.live + 16:
                 # Many departures from the middle: compact so memory follows the live count.
-                lane.entries = deque(r for r in entries if r.queue is self)
+                lane.keep(self)
             return
         # The lane's head left: its next live request becomes the head, and takes its place
         # in the heap (in one step if the old head's entry is on top: the dispatch path).
-        entries.popleft()
-        while entries[0].queue is not self:
-            entries.popleft()
+        after = lane.advance(self)
         if lane.parked:
             return
-        after = entries[0]
         entry = (after.start, after.request_id, after)
         heap = self._heap
         if heap and heap[0][2] is request:
@@ -396,30 +482,31 @@ class FairQueue(RequestQueue):
     # -- for the book --------------------------------------------------------------------------
 
     def _pending(self) -> list[PendingRequest]:
-        return [r for lane in self._lanes.values() for r in lane.entries if r.queue is self]
+        return [r for lane in self._lanes.values() for r in lane if r.queue is self]
 
-    def _unpark(self, principal: str) -> None:
-        lane = self._lanes[principal]
+    def _unpark(self, share: Share) -> None:
+        lane = self._lanes[share]
         lane.parked = False
-        if lane.live:
-            entries = lane.entries
-            while entries[0].queue is not self:
-                entries.popleft()
-            head = entries[0]
+        if not lane.live:
+            del self._lanes[share]
+        else:
+            head = lane[lane.first]
+            if head.queue is not self:
+                head = lane.advance(self)
             heapq.heappush(self._heap, (head.start, head.request_id, head))
 
     def _rebuild(self) -> None:
         """Every lane unparked, the heap rebuilt from the lanes' heads (after a reweigh)."""
         heap: list[HeadEntry] = []
         lanes = self._lanes
-        for principal in list(lanes):
-            lane = lanes[principal]
+        for share in list(lanes):
+            lane = lanes[share]
             lane.parked = False
             if not lane.live:
-                del lanes[principal]
+                del lanes[share]
                 continue
-            lane.entries = deque(r for r in lane.entries if r.queue is self)
-            head = lane.entries[0]
+            lane.keep(self)
+            head = lane[0]
             heap.append((head.start, head.request_id, head))
         heapq.heapify(heap)
         self._heap = heap
@@ -427,10 +514,10 @@ class FairQueue(RequestQueue):
     def _compact(self) -> None:
         """Drop the heap's stale entries (their request left, or its lane is parked)."""
         lanes = self._lanes
-        live = [
-            entry
-            for entry in self._heap
-            if entry[2].queue is self and not lanes[entry[2].principal].parked
-        ]
+        live = []
+        for entry in self._heap:
+            request = entry[2]
+            if request.queue is self and not lanes[request.share].parked:
+                live.append(entry)
         heapq.heapify(live)
         self._heap = live

@@ -97,8 +97,12 @@ class PoolScheduler:
         self._released = 0
         self._double_releases = 0
         self._rejected = dict.fromkeys(REJECTION_COUNTERS, 0)
-        self._book = PrincipalBook(policy.weights, policy.caps, policy.fair_share)
+        self._book = PrincipalBook(
+            policy.weights, policy.caps, policy.fair_share, queue_caps=policy.queue_caps
+        )
+        self._capped = bool(policy.caps)
         self._rates = RateLimits(policy.per_minute)
+        self._rated = bool(policy.per_minute)
         self._install(policy)
 
     @property
@@ -131,7 +135,7 @@ class PoolScheduler:
         decisions = self._expire_due(now)
         self._last_id += 1
         request = PendingRequest(self._last_id, group_id, long_context, now)
-        request.principal = principal
+        share = request.share = self._book.share(principal)
         self._submitted += 1
         group = self._groups.get(group_id)
         if group is None:
@@ -150,7 +154,7 @@ class PoolScheduler:
                     f"model group {group_id!r} has no enabled provider",
                 )
             )
-        elif (wait := self._rates.take(principal, now)) is not None:
+        elif self._rated and (wait := self._rates.take(principal, now)) is not None:
             decisions.append(
                 self._reject(
                     request,
@@ -165,24 +169,21 @@ class PoolScheduler:
             queue = group.queues[long_context]
             # Work conservation: a queue of this kind with a request to serve means no slot is
             # free for it; a principal at its cap waits whatever is free.
-            book = self._book
-            if book.capped:
+            if self._capped:
                 # A queue whose every request is of a capped principal serves nobody now.
-                blocked = (queue.live and queue.head() is not None) or not book.eligible(principal)
+                blocked = (queue.live and queue.head() is not None) or not share.eligible
             else:
                 blocked = bool(queue.live)
             membership = None if blocked else group.best_candidate(long_context)
             if membership is not None:
                 decisions.append(self._dispatch(request, membership, now))
-            elif (cap := self._policy.queue_caps.get(principal)) is not None and book.queued(
-                principal
-            ) >= cap:
+            elif (cap := share.max_queued) is not None and share.queued >= cap:
                 decisions.append(
                     self._reject(
                         request,
                         RejectReason.PRINCIPAL_QUEUE_FULL,
-                        f"principal {principal!r} has {book.queued(principal)} requests "
-                        f"pending, its max_queued is {cap}",
+                        f"principal {principal!r} has {share.queued} requests pending, its "
+                        f"max_queued is {cap}",
                     )
                 )
             elif self._pending >= self._max_queue:
@@ -195,7 +196,7 @@ class PoolScheduler:
                     )
                 )
             else:
-                queue.push(request, principal)
+                queue.push(request)
                 self._pending += 1
                 if self._timeout is not None:
                     request.deadline = now + self._timeout
@@ -335,12 +336,15 @@ class PoolScheduler:
         for request, reason, message in dropped:
             decisions.append(self._reject(request, reason, message, config_change=True))
         self._rates.update(policy.per_minute)
+        self._rated = bool(policy.per_minute)
         self._book.reweigh(
             [q for group in self._groups.values() for q in group.queues],
             weights=policy.weights,
             caps=policy.caps,
             mode=policy.fair_share,
+            queue_caps=policy.queue_caps,
         )
+        self._capped = bool(policy.caps)
         if self._timeout != old_timeout:
             timeout = self._timeout
             pending = [r for group in self._groups.values() for q in group.all_queues() for r in q]
@@ -444,16 +448,21 @@ class PoolScheduler:
         Returns whether it was retried.
         """
         lease.released = True
+        # The request lets go of its lease: the pair would otherwise be a reference cycle, left
+        # to the garbage collector's full collections (one per served request).
+        lease.request.lease = None
         self._released += 1
         slot = lease.slot
         slot.in_flight -= 1
         if lease.long_context:
             slot.long_in_flight -= 1
-        unparked = self._book.release(lease.request.principal)
-        if unparked:
-            # Its principal fell under its cap: its waiting requests compete again, after this
-            # release has been handed on (below).
-            self._unparked.extend(unparked)
+        share = lease.request.share
+        if share.parked:
+            # Its principal may fall under its cap: its waiting requests compete again, after
+            # this release has been handed on (below).
+            self._unparked.extend(share.release())
+        else:
+            share.in_flight -= 1  # (Share.release, inlined: nothing parked)
         if not slot.in_policy:
             if slot.in_flight == 0:
                 self._retired.pop(slot.key, None)
@@ -532,7 +541,7 @@ class PoolScheduler:
             else:
                 assert isinstance(queue, FairQueue)  # a group's queue: take() advances the clock
                 queue.take(request)
-        self._book.acquire(request.principal)
+        request.share.in_flight += 1  # (Share.acquire, inlined)
         slot = membership.slot
         group = membership.group
         group.choose(membership)
@@ -598,13 +607,22 @@ class PoolScheduler:
                 if not (slot.usable or group.panic):
                     continue
                 general, long_queue = group.queues
+                # (the comparisons are service_key's, without building tuples)
                 if general.live:
                     head = general.head()
-                    if head is not None and (oldest is None or _before(head, oldest)):
+                    if head is not None and (
+                        oldest is None
+                        or head.start < oldest.start
+                        or (head.start == oldest.start and head.request_id < oldest.request_id)
+                    ):
                         oldest, chosen = head, membership
                 if long_free and long_queue.live:
                     head = long_queue.head()
-                    if head is not None and (oldest is None or _before(head, oldest)):
+                    if head is not None and (
+                        oldest is None
+                        or head.start < oldest.start
+                        or (head.start == oldest.start and head.request_id < oldest.request_id)
+                    ):
                         oldest, chosen = head, membership
             if oldest is None or chosen is None:
                 break
@@ -645,10 +663,9 @@ class PoolScheduler:
         pending = [r for group in self._groups.values() for q in group.queues for r in q]
         pending.sort(key=service_key)
         exhausted: set[tuple[str, bool]] = set()
-        eligible = self._book.eligible
         for request in pending:
             kind = (request.group_id, request.long_context)
-            if kind in exhausted or not eligible(request.principal):
+            if kind in exhausted or not request.share.eligible:
                 continue  # (a principal at its cap waits without holding back its kind)
             membership = self._groups[request.group_id].best_candidate(request.long_context)
             if membership is None:
@@ -751,13 +768,6 @@ class PoolScheduler:
                         config_change=config_change,
                     )
                 )
-
-
-def _before(request: PendingRequest, other: PendingRequest) -> bool:
-    """Whether ``request`` is served before ``other`` (:func:`iop_edge.pool.fair.service_key`,
-    without building the tuples: this is the refill loop)."""
-    start, other_start = request.start, other.start
-    return start < other_start or (start == other_start and request.request_id < other.request_id)
 
 
 def _panic_event(group: ModelGroup) -> HealthEvent:

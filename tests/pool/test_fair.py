@@ -49,9 +49,9 @@ def serve(queue: FairQueue, n: int, *, hold: bool = False) -> list[PendingReques
         if request is None:
             break
         queue.take(request)
-        queue.book.acquire(request.principal)
+        request.share.acquire()
         if not hold:
-            queue.book.release(request.principal)
+            request.share.release()
         served.append(request)
     return served
 

@@ -701,7 +701,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             fate.outcome = None  # it re-entered admission
         else:
             assert request.state is RequestState.DISPATCHED
-            assert request.lease is lease
+            assert request.lease is None  # released: the request let go of it
         self.finish(result.decisions, step)
         # Retried exactly when an attempt is left and, once health has taken this failure in,
         # an untried member is not out (or the group is in panic).
