@@ -352,6 +352,7 @@ def format_status(status: dict[str, Any]) -> str:
                 f"model {model['id']}: PANIC - every enabled provider is ejected; health is "
                 "ignored for it until one recovers"
             )
+    lines += _principal_lines(status.get("principals", ()))
     counters = status["counters"]
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(counters["rejected"].items()) if v)
     lines.append("")
@@ -360,6 +361,37 @@ def format_status(status: dict[str, Any]) -> str:
         f"failovers {counters.get('failovers', 0)}, rejected: {rejected or 'none'}"
     )
     return "\n".join(lines)
+
+
+def _principal_lines(principals: Sequence[dict[str, Any]]) -> list[str]:
+    """The fair-share table: one row per principal (SPEC §5.2); ``-`` is no limit."""
+
+    def limit(value: object) -> str:
+        return "-" if value is None else str(value)
+
+    rows = [("PRINCIPAL", "WEIGHT", "IN_FLIGHT", "QUEUED", "MAX_IN_FLIGHT", "MAX_QUEUED", "RPM")]
+    rows += [
+        (
+            p["principal"],
+            f"{p['weight']:g}",
+            str(p["in_flight"]),
+            str(p["queued"]),
+            limit(p["max_in_flight"]),
+            limit(p["max_queued"]),
+            limit(p["max_requests_per_minute"]),
+        )
+        for p in principals
+    ]
+    if len(rows) == 1:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [""]
+    lines += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
+    for p in principals:
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(p["rejected"].items()) if v)
+        if refused:
+            lines.append(f"principal {p['principal']}: rejected {refused}")
+    return lines
 
 
 def _health_lines(provider: dict[str, Any]) -> list[str]:

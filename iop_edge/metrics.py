@@ -106,6 +106,21 @@ class StateCollector(Collector):
             "429 (panic: health is ignored for the group).",
             labels=["model"],
         )
+        principal_in_flight = GaugeMetricFamily(
+            "iop_edge_principal_in_flight",
+            "Leases a principal holds, pool-wide (configured principals and anonymous only).",
+            labels=["principal"],
+        )
+        principal_queued = GaugeMetricFamily(
+            "iop_edge_principal_queued",
+            "Requests of a principal waiting in the admission queue.",
+            labels=["principal"],
+        )
+        for share in stats.principals:
+            principal_in_flight.add_metric([share.principal], share.in_flight)
+            principal_queued.add_metric([share.principal], share.queued)
+        yield principal_in_flight
+        yield principal_queued
         for p in stats.providers:
             general = p.in_flight - p.long_in_flight
             in_flight.add_metric([p.node_id, p.provider_id, "general"], general)

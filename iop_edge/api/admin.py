@@ -107,6 +107,19 @@ class AdminAPI:
             "models": [
                 {"id": g.group_id, "providers": g.members, "panic": g.panic} for g in stats.groups
             ],
+            "principals": [
+                {
+                    "principal": p.principal,
+                    "weight": p.weight,
+                    "max_in_flight": p.max_in_flight,
+                    "max_queued": p.max_queued,
+                    "max_requests_per_minute": p.max_requests_per_minute,
+                    "in_flight": p.in_flight,
+                    "queued": p.queued,
+                    "rejected": dict(p.rejected),
+                }
+                for p in stats.principals
+            ],
             "counters": {
                 "submitted": stats.submitted,
                 "admitted": stats.admitted,

@@ -7,9 +7,9 @@ without passing through the HTTP package.
 from __future__ import annotations
 
 from iop_edge.config.schema import EdgeConfig
-from iop_edge.pool import HealthPolicy, PoolPolicy, ProviderPolicy
+from iop_edge.pool import ANONYMOUS, HealthPolicy, PoolPolicy, ProviderPolicy
 
-__all__ = ["completions_group", "passthrough_providers", "pool_policy"]
+__all__ = ["completions_group", "known_principals", "passthrough_providers", "pool_policy"]
 
 
 def passthrough_providers(config: EdgeConfig) -> set[str]:
@@ -22,6 +22,19 @@ def completions_group(model_id: str) -> str:
     (``openai_compat``) providers only, sharing their slots with the chat group. The brackets
     cannot appear in a model id, so the name never collides."""
     return f"{model_id}[completions]"
+
+
+def known_principals(config: EdgeConfig) -> tuple[str, ...]:
+    """Every principal a request can be shared under (SPEC §5.2): the ``principals[]`` refs,
+    and each token's ``principal_ref`` (its ``token_ref`` with ``fair_share: token``), or
+    ``anonymous`` when no token is configured. Sorted; these bound the metrics' label values."""
+    tokens = config.openai.principal_tokens
+    by_token = config.provider_pool.fair_share == "token"
+    names = {t.token_ref if by_token else t.principal_ref for t in tokens}
+    names.update(p.ref for p in config.provider_pool.principals)
+    if not tokens:
+        names.add(ANONYMOUS)
+    return tuple(sorted(names))
 
 
 def pool_policy(config: EdgeConfig) -> PoolPolicy:
@@ -37,6 +50,7 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
         if keys:
             groups[completions_group(g.id)] = keys
     return PoolPolicy(
+        principals=known_principals(config),
         max_queue=pool.max_queue,
         queue_timeout_ms=pool.queue_timeout_ms,
         max_attempts=pool.failover.max_attempts,

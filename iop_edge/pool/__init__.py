@@ -16,7 +16,14 @@ from iop_edge.pool.decisions import (
     SlotLease,
     Submission,
 )
-from iop_edge.pool.fair import ANONYMOUS, FairQueue, FairShareMode, PrincipalBook, service_key
+from iop_edge.pool.fair import (
+    ANONYMOUS,
+    FairQueue,
+    FairShareMode,
+    PrincipalBook,
+    Share,
+    service_key,
+)
 from iop_edge.pool.health import OK, Failure, Health, HealthEvent, Outcome
 from iop_edge.pool.policy import HealthPolicy, PoolPolicy, ProviderKey, ProviderPolicy
 from iop_edge.pool.scheduler import PROBE, Notice, PoolScheduler
@@ -24,6 +31,7 @@ from iop_edge.pool.statistics import (
     REJECTION_COUNTERS,
     GroupStatistics,
     PoolStatistics,
+    PrincipalStatistics,
     ProviderStatistics,
 )
 
@@ -50,12 +58,14 @@ __all__ = [
     "PoolScheduler",
     "PoolStatistics",
     "PrincipalBook",
+    "PrincipalStatistics",
     "ProviderKey",
     "ProviderPolicy",
     "ProviderStatistics",
     "RejectReason",
     "Rejection",
     "RequestState",
+    "Share",
     "SlotLease",
     "Submission",
     "service_key",

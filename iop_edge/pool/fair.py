@@ -63,6 +63,7 @@ class Share:
     """One principal's part of the book: its policy (``weight``, ``cap``) and its counts.
 
     ``max_queued`` caps its pending requests (the scheduler refuses past it).
+    ``rejected`` counts its refusals by reason (kept by the scheduler).
     ``in_flight`` counts the leases it holds pool-wide (the scheduler reports them with
     :meth:`acquire` and :meth:`release`), ``queued`` its requests pending in the book's queues.
     Read-only for everyone but the book, its queues and the scheduler.
@@ -77,6 +78,7 @@ class Share:
         "name",
         "parked",
         "queued",
+        "rejected",
         "weight",
     )
 
@@ -91,6 +93,7 @@ class Share:
         self.finish = 0.0  # the finish tag of its latest request
         #: the queues holding its lanes parked because of its cap (empty: none)
         self.parked: list[FairQueue] = []
+        self.rejected: dict[str, int] = {}
 
     @property
     def eligible(self) -> bool:

@@ -94,7 +94,8 @@ class PoolPolicy:
     slots are shared among principals (:mod:`iop_edge.pool.fair`; ``none``: arrival order),
     ``weights``, ``caps`` (``max_in_flight``), ``queue_caps`` (``max_queued``) and
     ``per_minute`` (``max_requests_per_minute``) the configured principals' (others: weight 1,
-    no limits).
+    no limits). ``principals`` names the principals the config knows of (listed in the
+    statistics even before their first request).
     """
 
     max_queue: int
@@ -108,6 +109,7 @@ class PoolPolicy:
     caps: Mapping[str, int] = field(default_factory=dict)
     queue_caps: Mapping[str, int] = field(default_factory=dict)
     per_minute: Mapping[str, int] = field(default_factory=dict)
+    principals: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:

@@ -31,6 +31,7 @@ serve at all: for them ``config_change`` wins over ``queue_timeout``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Final, Literal
 
@@ -56,6 +57,7 @@ from iop_edge.pool.statistics import (
     REJECTION_COUNTERS,
     GroupStatistics,
     PoolStatistics,
+    PrincipalStatistics,
     provider_statistics,
 )
 
@@ -101,6 +103,8 @@ class PoolScheduler:
             policy.weights, policy.caps, policy.fair_share, queue_caps=policy.queue_caps
         )
         self._capped = bool(policy.caps)
+        for name in policy.principals:
+            self._book.share(name)
         self._rates = RateLimits(policy.per_minute)
         self._rated = bool(policy.per_minute)
         self._install(policy)
@@ -345,6 +349,8 @@ class PoolScheduler:
             queue_caps=policy.queue_caps,
         )
         self._capped = bool(policy.caps)
+        for name in policy.principals:
+            self._book.share(name)
         if self._timeout != old_timeout:
             timeout = self._timeout
             pending = [r for group in self._groups.values() for q in group.all_queues() for r in q]
@@ -382,7 +388,27 @@ class PoolScheduler:
             double_releases=self._double_releases,
             failovers=self._failovers,
             groups=groups,
+            principals=tuple(self._principal_statistics()),
         )
+
+    def _principal_statistics(self) -> Iterator[PrincipalStatistics]:
+        """The principals the policy names, and any other still holding or awaiting a slot
+        (one a live change removed)."""
+        policy = self._policy
+        known = set(policy.principals)
+        for share in self._book.shares():
+            if share.name not in known and not (share.in_flight or share.queued):
+                continue
+            yield PrincipalStatistics(
+                principal=share.name,
+                weight=share.weight,
+                max_in_flight=share.cap,
+                max_queued=share.max_queued,
+                max_requests_per_minute=policy.per_minute.get(share.name),
+                in_flight=share.in_flight,
+                queued=share.queued,
+                rejected=MappingProxyType(dict(share.rejected)),
+            )
 
     # -- internals --------------------------------------------------------------------------
 
@@ -583,7 +609,10 @@ class PoolScheduler:
         rejection = Rejection(request, reason, message, config_change, retry_after)
         request.state = RequestState.REJECTED
         request.rejection = rejection
-        self._rejected["config_change" if config_change else reason.value] += 1
+        counter = "config_change" if config_change else reason.value
+        self._rejected[counter] += 1
+        rejected = request.share.rejected
+        rejected[counter] = rejected.get(counter, 0) + 1
         return rejection
 
     def _refill(self, slot: ProviderSlot, now: float, decisions: list[Decision]) -> bool:

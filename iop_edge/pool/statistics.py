@@ -89,6 +89,22 @@ class GroupStatistics:
 
 
 @dataclass(frozen=True, slots=True)
+class PrincipalStatistics:
+    """One principal's share of the pool (SPEC §5.2): its policy (``None``: no such limit),
+    the leases it holds and requests it has waiting now, and its refusals since start by
+    reason."""
+
+    principal: str
+    weight: float
+    max_in_flight: int | None
+    max_queued: int | None
+    max_requests_per_minute: int | None
+    in_flight: int
+    queued: int
+    rejected: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class PoolStatistics:
     """A frozen snapshot of the scheduler.
 
@@ -110,6 +126,7 @@ class PoolStatistics:
     double_releases: int
     failovers: int = 0
     groups: tuple[GroupStatistics, ...] = ()
+    principals: tuple[PrincipalStatistics, ...] = ()
 
     @property
     def expired(self) -> int:

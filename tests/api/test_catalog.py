@@ -68,3 +68,19 @@ def test_pool_policy_carries_every_provider_and_group():
         "echo": (("gpu-1", "echo"),),
         completions_group("chat"): (("gpu-1", "vllm-a"),),
     }
+
+
+def test_the_known_principals_are_the_tokens_and_principals_or_anonymous():
+    """Status and the metrics' label values list these (SPEC §5.2): each token's principal
+    (its token_ref with fair_share: token) and every principals[] ref; anonymous without
+    tokens."""
+    assert pool_policy(load(mixed_doc())).principals == ("anonymous",)
+    doc = mixed_doc()
+    doc["openai"]["principal_tokens"] = [
+        {"token_ref": f"t-{n}", "token_hash_sha256": f"{n}" * 64, "principal_ref": ref}
+        for n, ref in enumerate(["app", "app", "batch"], start=1)
+    ]
+    doc["provider_pool"] = {"principals": [{"ref": "batch", "weight": 2}]}
+    assert pool_policy(load(doc)).principals == ("app", "batch")
+    doc["provider_pool"] = {"fair_share": "token", "principals": [{"ref": "t-3"}]}
+    assert pool_policy(load(doc)).principals == ("t-1", "t-2", "t-3")

@@ -20,9 +20,10 @@ from tests.helpers import doc_for, edge_on, wait_for
 TOKENS = {"app-a": "iop_token-of-app-a", "app-b": "iop_token-of-app-b"}
 
 
-def principals_doc(fake: FakeOpenAI) -> dict[str, Any]:
-    """Model ``chat`` on one provider with one slot; one token (and principal) per app."""
-    doc = doc_for(fake, capacity=1)
+def principals_doc(fake: FakeOpenAI, capacity: int = 1) -> dict[str, Any]:
+    """Model ``chat`` on one provider with ``capacity`` slots; one token (and principal) per
+    app."""
+    doc = doc_for(fake, capacity=capacity)
     doc["openai"]["principal_tokens"] = [
         {"token_ref": ref, "token_hash_sha256": token_hash(raw), "principal_ref": ref}
         for ref, raw in TOKENS.items()

@@ -152,3 +152,40 @@ def test_the_rate_bucket_refills_at_per_minute_over_60_a_second() -> None:
     assert refused is not None
     assert refused.retry_after == 0.5
     assert submit(scheduler, "batch", 1.0) is not None  # one token back after a second
+
+
+def test_statistics_show_each_known_principal_its_policy_counts_and_refusals() -> None:
+    """The policy's principals are listed before their first request; one a live change
+    forgets stays listed while it holds or awaits a slot, and goes once it is idle."""
+    policy = dataclasses.replace(
+        sharing(),
+        principals=("batch", "chat", "idle"),
+        weights={"chat": 3},
+        caps={"batch": 2},
+        queue_caps={"batch": 1},
+        per_minute={"chat": 600},
+    )
+    scheduler = PoolScheduler(policy)
+    lease = submit(scheduler, "batch")
+    assert lease is not None
+    assert submit(scheduler, "batch") is None
+    assert submit(scheduler, "batch") is None  # refused: principal_queue_full
+    rows = {p.principal: p for p in scheduler.statistics().principals}
+    assert list(rows) == ["batch", "chat", "idle"]
+    batch = rows["batch"]
+    assert (batch.in_flight, batch.queued, batch.max_in_flight, batch.max_queued) == (1, 1, 2, 1)
+    assert dict(batch.rejected) == {"principal_queue_full": 1}
+    chat = rows["chat"]
+    assert (chat.weight, chat.max_requests_per_minute, chat.in_flight, chat.queued) == (
+        3.0,
+        600,
+        0,
+        0,
+    )
+    scheduler.apply_policy(dataclasses.replace(policy, principals=("chat",)), 1.0)
+    assert [p.principal for p in scheduler.statistics().principals] == ["batch", "chat"]
+    (waiting,) = [d.request for d in scheduler.release(lease, 1.0) if isinstance(d, Dispatch)]
+    assert waiting.lease is not None
+    scheduler.release(waiting.lease, 1.0)
+    assert [p.principal for p in scheduler.statistics().principals] == ["chat"]
+    check_counters(scheduler)
