@@ -50,7 +50,7 @@ from iop_edge.api.guard import (
     require_json_body,
 )
 from iop_edge.api.record import RequestObserver, RequestRecord
-from iop_edge.config.policy import completions_group
+from iop_edge.config.policy import completions_group, route_group
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
 from iop_edge.envelope import envelope
@@ -289,18 +289,24 @@ class OpenAIServer:
                 raise _model_not_found(model_id)
             record.resolved = True
             prepared = prepare(body, endpoint, None, catalog.long_context_threshold_tokens)
-            record.node, record.provider = route.node_id, route.adapter
-            call = UpstreamCall(
-                endpoint,
-                prepared.body,
-                route.target,
-                prepared.stream,
-                upstream_headers,
-                record.request_id,
-            )
-            answer = await self._execute(
-                request, record, self.adapters.route(route.node_id, route.adapter), call
-            )
+            # Admitted like a group (its capacity, the principal's caps and share); its
+            # outcomes are not reported: a route has no health.
+            async with await self.scheduler.admit(
+                route_group(model_id), principal=share
+            ) as admitted:
+                record.queue_wait = admitted.queue_wait
+                record.node, record.provider = route.node_id, route.adapter
+                call = UpstreamCall(
+                    endpoint,
+                    prepared.body,
+                    route.target,
+                    prepared.stream,
+                    upstream_headers,
+                    record.request_id,
+                )
+                answer = await self._execute(
+                    request, record, self.adapters.route(route.node_id, route.adapter), call
+                )
             assert not isinstance(answer, _Failed)  # only an attempt with a lease fails over
             return answer
 

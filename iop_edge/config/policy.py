@@ -9,7 +9,18 @@ from __future__ import annotations
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.pool import ANONYMOUS, HealthPolicy, PoolPolicy, ProviderPolicy
 
-__all__ = ["completions_group", "known_principals", "passthrough_providers", "pool_policy"]
+__all__ = [
+    "ROUTE_UNBOUNDED",
+    "completions_group",
+    "known_principals",
+    "passthrough_providers",
+    "pool_policy",
+    "route_group",
+    "route_provider",
+]
+
+ROUTE_UNBOUNDED = 1_000_000
+"""The slots of a model route without a ``capacity``: more than any edge runs at once."""
 
 
 def passthrough_providers(config: EdgeConfig) -> set[str]:
@@ -22,6 +33,16 @@ def completions_group(model_id: str) -> str:
     (``openai_compat``) providers only, sharing their slots with the chat group. The brackets
     cannot appear in a model id, so the name never collides."""
     return f"{model_id}[completions]"
+
+
+def route_group(model: str) -> str:
+    """The scheduler group of a ``model_routes[]`` entry (brackets: never a model id)."""
+    return f"{model}[route]"
+
+
+def route_provider(model: str) -> str:
+    """The provider id, in the scheduler and its statistics, of a route's slots."""
+    return f"route:{model}"
 
 
 def known_principals(config: EdgeConfig) -> tuple[str, ...]:
@@ -49,6 +70,21 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
         keys = tuple((nodes_of[r.id], r.id) for r in g.providers if r.id in passthrough)
         if keys:
             groups[completions_group(g.id)] = keys
+    # A model route is admitted as a group of one provider of its own: its capacity (live),
+    # no long-context slots, no health check (its outcomes are not reported).
+    routes = tuple(
+        ProviderPolicy(
+            node_id=r.node or "",
+            provider_id=route_provider(r.model),
+            capacity=r.capacity or ROUTE_UNBOUNDED,
+            long_context_capacity=0,
+            priority=0,
+            enabled=True,
+        )
+        for r in config.openai.model_routes
+    )
+    for r, provider in zip(config.openai.model_routes, routes, strict=True):
+        groups[route_group(r.model)] = (provider.key,)
     return PoolPolicy(
         principals=known_principals(config),
         max_queue=pool.max_queue,
@@ -81,6 +117,7 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
             )
             for n in config.nodes
             for p in n.providers
-        ),
+        )
+        + routes,
         groups=groups,
     )

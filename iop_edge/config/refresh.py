@@ -10,6 +10,8 @@ unapplied). What is live:
 - ``models[]``: add, remove, and every field (display name, context window, provider list,
   generation policy)
 - ``nodes[].runtime`` (legacy node runtime concurrency metadata)
+- ``provider_pool.*`` (fair share, principals, failover, health), and
+  ``openai.model_routes[].capacity``
 
 Everything else is restart-class: edge identity, ``listen``, ``bootstrap``, ``logging``,
 ``metrics``, ``console``, ``control_plane``, ``a2a``, ``openai`` (any deep change, principal
@@ -273,7 +275,15 @@ def _diff_openai(diff: _Diff, running: EdgeConfig, candidate: EdgeConfig) -> Non
     for a, b in diff.entities(
         "openai.model_routes", old.model_routes, new.model_routes, "model", "restart"
     ):
-        diff.leaves(f"openai.model_routes[{a.model}]", _dump(a), _dump(b), "restart")
+        path = f"openai.model_routes[{a.model}]"
+        rest = {"capacity"}
+        diff.leaves(
+            path,
+            a.model_dump(mode="json", exclude_none=True, exclude=rest),
+            b.model_dump(mode="json", exclude_none=True, exclude=rest),
+            "restart",
+        )
+        diff.leaves(f"{path}.capacity", a.capacity, b.capacity, "live")
 
 
 def _diff_node(diff: _Diff, old: Node, new: Node) -> None:
@@ -321,8 +331,14 @@ def apply_live(running: EdgeConfig, candidate: EdgeConfig) -> EdgeConfig:
             for p in node.providers
         )
         nodes.append(node.model_copy(update={"runtime": new_node.runtime, "providers": providers}))
+    capacities = {r.model: r.capacity for r in candidate.openai.model_routes}
+    routes = tuple(
+        r.model_copy(update={"capacity": capacities[r.model]}) if r.model in capacities else r
+        for r in running.openai.model_routes
+    )
     return running.model_copy(
         update={
+            "openai": running.openai.model_copy(update={"model_routes": routes}),
             "long_context_threshold_tokens": candidate.long_context_threshold_tokens,
             "provider_pool": candidate.provider_pool,
             "models": candidate.models,

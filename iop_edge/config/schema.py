@@ -269,12 +269,16 @@ class ProviderAuth(_Section):
 
 
 class ModelRoute(_Section):
-    """A compatibility route: external ``model`` id → an adapter instance and upstream target."""
+    """A compatibility route: external ``model`` id → an adapter instance and upstream target.
+
+    Its requests are admitted like a model group's (SPEC §5.2: principals' caps and fair
+    share); ``capacity`` caps how many run at once (``None``: unbounded). Live."""
 
     model: ModelId
     adapter: Ref
     target: NonEmpty
     node: Ref | None = None
+    capacity: Capacity | None = None
 
 
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}

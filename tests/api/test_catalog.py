@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from iop_edge.api.catalog import build_catalog
-from iop_edge.config.policy import completions_group, pool_policy
+from iop_edge.config.policy import ROUTE_UNBOUNDED, completions_group, pool_policy, route_group
 from tests.config.helpers import base_doc, load, node
 
 
@@ -62,11 +62,13 @@ def test_pool_policy_carries_every_provider_and_group():
         ("vllm-a", 1, 0, True),
         ("ollama-b", 2, 10, False),
         ("echo", 1, 0, True),
+        ("route:legacy", ROUTE_UNBOUNDED, 0, True),  # a route without capacity: unbounded
     ]
     assert dict(policy.groups) == {
         "chat": (("gpu-1", "vllm-a"), ("gpu-1", "ollama-b")),
         "echo": (("gpu-1", "echo"),),
         completions_group("chat"): (("gpu-1", "vllm-a"),),
+        route_group("legacy"): (("gpu-1", "route:legacy"),),  # its node, from the config
     }
 
 

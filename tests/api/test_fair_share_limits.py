@@ -197,3 +197,53 @@ async def test_fair_share_none_serves_in_arrival_order(tmp_path: Path) -> None:
         await serve_all(fake, 6)
         order = served(fake)
     assert order == ["a1", "a2", "a3", "a4", "a5", "b1"]
+
+
+async def test_a_model_route_is_admitted_with_its_capacity_and_its_principals_caps(
+    tmp_path: Path,
+) -> None:
+    """A route of capacity 1 queues its second request; the route's request counts toward
+    app-a's max_in_flight (a ``chat`` request of app-a then waits); raising the route's
+    capacity live dispatches its waiting request at once."""
+    async with FakeOpenAI(behavior=FakeBehavior(hold=True)) as fake:
+        doc = principals_doc(fake, 3)
+        doc["openai"]["model_routes"] = [
+            {"model": "legacy", "adapter": "oa", "target": "fake-model", "capacity": 1}
+        ]
+        doc["provider_pool"]["principals"] = [{"ref": "app-a", "max_in_flight": 1}]
+        async with edge_on(tmp_path, doc) as edge:
+            apps = Apps(edge)
+            try:
+
+                def ask(ref: str, model: str, text: str) -> None:
+                    apps.tasks.append(
+                        asyncio.create_task(
+                            apps.clients[ref].chat.completions.create(
+                                model=model, messages=[{"role": "user", "content": text}]
+                            )
+                        )
+                    )
+
+                ask("app-a", "legacy", "a-route")
+                await fake.wait_requests(1)
+                ask("app-a", "chat", "a-chat")  # app-a is at its cap: waits, chat slots free
+                await apps.queued(1)
+                ask("app-b", "legacy", "b-route")  # the route is full: waits
+                await apps.queued(2)
+                stats = edge.daemon.scheduler.statistics()
+                route = next(p for p in stats.providers if p.provider_id == "route:legacy")
+                assert (route.in_flight, route.capacity) == (1, 1)
+                current = yaml.safe_load(edge.path.read_text())
+                current["openai"]["model_routes"][0]["capacity"] = 2
+                edge.path.write_text(dump(current))
+                record = await edge.next_record()
+                assert record.result.result == "applied"
+                assert [(e.path, e.change_class, e.applied) for e in record.result.report] == [
+                    ("openai.model_routes[legacy].capacity", "live", True)
+                ]
+                await fake.wait_requests(2)
+                order = served(fake)
+                assert apps.principal("app-a").queued == 1
+            finally:
+                await apps.close()
+    assert order == ["a-route", "b-route"]
