@@ -416,10 +416,21 @@ class FairQueue(RequestQueue):
                 if cap is None or share.in_flight < cap:
                     return request
                 # At its cap: set its lane aside until its share says it is under again.
-                self._lanes[share].parked = True
-                share.parked.append(self)
+                self.park(share)
             heapq.heappop(heap)
         return None
+
+    def park(self, share: Share) -> None:
+        """Set ``share``'s lane here aside (its principal is at its cap) until
+        :meth:`Share.release` brings it back. The scheduler parks at once a request that
+        queues only because of its principal's cap (a slot was free for it): nothing else would
+        offer it that slot once the principal is under its cap again."""
+        lane = self._lanes.get(share)
+        if lane is None:
+            lane = self._lanes[share] = _Lane()
+        if not lane.parked:
+            lane.parked = True
+            share.parked.append(self)
 
     def take(self, request: PendingRequest) -> None:
         """``request`` (pending here) was dispatched: remove it and advance the virtual time.

@@ -200,6 +200,8 @@ class PoolScheduler:
                     )
                 )
             else:
+                if self._capped and not share.eligible:
+                    queue.park(share)  # (before the push: its lane gets no heap entry)
                 queue.push(request)
                 self._pending += 1
                 if self._timeout is not None:
@@ -694,8 +696,14 @@ class PoolScheduler:
         exhausted: set[tuple[str, bool]] = set()
         for request in pending:
             kind = (request.group_id, request.long_context)
-            if kind in exhausted or not request.share.eligible:
-                continue  # (a principal at its cap waits without holding back its kind)
+            if kind in exhausted:
+                continue
+            if not request.share.eligible:
+                # A principal at its cap waits without holding back its kind, parked so that
+                # its next release offers it the slots.
+                assert isinstance(request.queue, FairQueue)
+                request.queue.park(request.share)
+                continue
             membership = self._groups[request.group_id].best_candidate(request.long_context)
             if membership is None:
                 # Free slots only shrink during this pass: later requests of this kind wait too.

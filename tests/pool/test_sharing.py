@@ -189,3 +189,37 @@ def test_statistics_show_each_known_principal_its_policy_counts_and_refusals() -
     scheduler.release(waiting.lease, 1.0)
     assert [p.principal for p in scheduler.statistics().principals] == ["chat"]
     check_counters(scheduler)
+
+
+def test_a_request_queued_only_by_its_cap_gets_the_free_slot_when_a_lease_comes_back() -> None:
+    """d holds its one lease on g1's provider; its request for g0 queues beside g0's free
+    provider (d is at its cap). When d's lease is released, that free slot goes to it at once
+    (found by the property machine: it used to wait for an event on g0)."""
+    policy = dataclasses.replace(
+        pool([provider("p"), provider("r")], {"g0": ["p"], "g1": ["r"]}), caps={"d": 1}
+    )
+    scheduler = PoolScheduler(policy)
+    first = scheduler.submit("g1", now=0.0, principal="d").request
+    waiting = scheduler.submit("g0", now=0.0, principal="d").request
+    assert first.lease is not None
+    assert waiting.lease is None
+    assert dispatched(scheduler.release(first.lease, 1.0)) == [(waiting.request_id, "p")]
+    check_counters(scheduler)
+
+
+def test_a_cap_lowered_live_parks_the_waiting_requests_so_a_release_serves_them() -> None:
+    """One live change frees a slot (p's capacity raised) and lowers d's cap to the lease it
+    holds: d's waiting request stays queued beside the free slot, and d's next release hands
+    it that slot."""
+    policy = pool([provider("p"), provider("r")], {"g0": ["p"], "g1": ["r"]})
+    scheduler = PoolScheduler(policy)
+    held = scheduler.submit("g1", now=0.0, principal="d").request
+    busy = scheduler.submit("g0", now=0.0, principal="x").request
+    waiting = scheduler.submit("g0", now=0.0, principal="d").request  # p is busy: it queues
+    assert held.lease is not None
+    assert busy.lease is not None
+    assert waiting.lease is None
+    changed = pool([provider("p", capacity=2), provider("r")], {"g0": ["p"], "g1": ["r"]})
+    assert scheduler.apply_policy(dataclasses.replace(changed, caps={"d": 1}), 1.0) == []
+    assert dispatched(scheduler.release(held.lease, 2.0)) == [(waiting.request_id, "p")]
+    check_counters(scheduler)
