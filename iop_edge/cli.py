@@ -207,9 +207,15 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``iop-edge serve --config FILE``: run the daemon until SIGTERM/SIGINT."""
+    from iop_edge.activation import ActivationError, inherited_sockets
     from iop_edge.daemon import Daemon, early_sighup
 
     with early_sighup() as hup:  # kept from sighup's import-time handler, never default
+        try:
+            inherited = inherited_sockets()
+        except ActivationError as exc:
+            print(f"iop-edge serve: the sockets passed in are not usable: {exc}", file=sys.stderr)
+            return EXIT_INVALID
         try:
             config = read_config(args.config)
         except ConfigError as exc:
@@ -226,6 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             config_path=Path(args.config),
             drain_timeout=args.drain_timeout,
             freeze_gc=True,
+            inherited=inherited,
         )
         import uvloop
 

@@ -16,6 +16,7 @@ import dataclasses
 import gc
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,9 @@ class Daemon:
     watch: bool = True
     #: ``gc.freeze()`` once started (the ``serve`` command; tests share one process and don't)
     freeze_gc: bool = False
+    #: listening sockets passed in, by listener name (:mod:`iop_edge.activation`): used
+    #: instead of binding that listener's configured address
+    inherited: dict[str, socket.socket] = field(default_factory=dict)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     scheduler: AdmissionScheduler = field(init=False)
     adapters: NodeAdapters = field(init=False)
@@ -214,6 +218,15 @@ class Daemon:
         if config.console.enabled and self.supervisor is not None:
             admin = AdminAPI(config.edge.id, self.supervisor, self.scheduler, clock=self.clock)
             await self._bind("console", admin.build_app(), config.console.listen, admin_limits)
+        for name, unused in self.inherited.items():
+            self.log.warning(
+                "listener_socket_unused",
+                listener=name,
+                message=f"a socket was passed in for the {name} listener, which this config "
+                "does not enable; it is closed",
+            )
+            unused.close()
+        self.inherited.clear()
         if self.supervisor is not None:
             self.supervisor.start(watch=self.watch)
         if self.notifier.watchdog_interval:
@@ -234,9 +247,19 @@ class Daemon:
     async def _bind(
         self, name: str, app: web.Application, address: str, limits: ConnectionLimits
     ) -> None:
-        self.listeners[name] = await Listener.bind(
-            name, app, address, limits, clock=self.clock, log=self.log
+        sock = self.inherited.pop(name, None)
+        self.listeners[name] = listener = await Listener.bind(
+            name, app, address, limits, clock=self.clock, log=self.log, sock=sock
         )
+        if sock is not None:
+            self.log.info(
+                "listener_inherited",
+                listener=name,
+                address=listener.url,
+                configured=address,
+                message=f"serving {name} on the socket passed in ({listener.url}); its "
+                "configured address is not bound",
+            )
 
     async def stop(self) -> None:
         """Drain and stop, all within ``drain_timeout`` seconds: stop accepting, let work in

@@ -411,9 +411,12 @@ class Listener:
         *,
         clock: Clock,
         log: Logger,
+        sock: socket.socket | None = None,
     ) -> Listener:
-        """Serve ``app`` on ``address`` (``HOST:PORT``, ``[::1]:PORT``). Client disconnects
-        cancel their handler; keep-alive idles end after ``limits.keepalive_timeout``."""
+        """Serve ``app`` on ``address`` (``HOST:PORT``, ``[::1]:PORT``), or on ``sock``, a
+        listening socket passed in (:mod:`iop_edge.activation`), whatever its address. Client
+        disconnects cancel their handler; keep-alive idles end after
+        ``limits.keepalive_timeout``."""
         runner = web.AppRunner(
             app,
             handler_cancellation=True,
@@ -425,18 +428,24 @@ class Listener:
         )
         await runner.setup()
         listener = cls(name, runner, limits, clock=clock, log=log)
-        parsed = ListenAddress.parse(address)
-        host, port = parsed.host, parsed.port
         loop = asyncio.get_running_loop()
         try:
-            listener._server = await loop.create_server(
-                lambda: ConnectionGuard(listener), host, port, reuse_address=True
-            )
+            if sock is None:
+                parsed = ListenAddress.parse(address)
+                listener._server = await loop.create_server(
+                    lambda: ConnectionGuard(listener), parsed.host, parsed.port, reuse_address=True
+                )
+            else:
+                sock.setblocking(False)
+                listener._server = await loop.create_server(
+                    lambda: ConnectionGuard(listener), sock=sock
+                )
         except BaseException:
             await runner.cleanup()
             raise
-        listener.host = host
-        listener.port = listener._server.sockets[0].getsockname()[1]
+        bound = listener._server.sockets[0].getsockname()
+        listener.host = bound[0] if sock is not None else ListenAddress.parse(address).host
+        listener.port = bound[1]
         return listener
 
     @property

@@ -28,7 +28,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +76,22 @@ class Served:
     """``iop-edge serve`` running as a subprocess; its stderr is read line by line in a thread
     so that the test can wait for an event while the daemon keeps writing."""
 
-    def __init__(self, config: Path, *args: str) -> None:
+    def __init__(
+        self,
+        config: Path,
+        *args: str,
+        wrap: Callable[[list[str]], list[str]] = list,
+        pass_fds: tuple[int, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        # ``wrap`` may put a launcher in front of the command (the socket-activation shim).
         self.process = subprocess.Popen(
-            [IOP_EDGE, "serve", "--config", str(config), *args],
+            wrap([IOP_EDGE, "serve", "--config", str(config), *args]),
             stderr=subprocess.PIPE,
             text=True,
             errors="replace",
+            pass_fds=pass_fds,
+            env=env,
         )
         self.lines: list[str] = []
         self.changed = threading.Condition()
@@ -146,9 +156,9 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(config: Path, *args: str) -> Iterator[Served]:
+def served(config: Path, *args: str, **options: Any) -> Iterator[Served]:
     """A :class:`Served` daemon, killed afterwards if the test left it running."""
-    daemon = Served(config, *args)
+    daemon = Served(config, *args, **options)
     try:
         yield daemon
     finally:
