@@ -157,6 +157,8 @@ def test_token_new_prints_a_token_once_and_an_entry_holding_only_its_hash(tmp_pa
     human = run("token", "new", "--token-ref", "app", "--principal-ref", "p")
     raw = human.stdout.splitlines()[0].rsplit(" ", 1)[1]
     assert hashlib.sha256(raw.encode()).hexdigest() in human.stdout
+    # the operator is told the token works only after a restart (a refresh does not apply it)
+    assert "accepted once the daemon restarts" in human.stderr
 
 
 def test_token_new_rejects_a_bad_token_ref():
