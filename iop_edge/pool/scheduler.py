@@ -98,6 +98,7 @@ class PoolScheduler:
         self._admitted = 0
         self._released = 0
         self._double_releases = 0
+        self._inherited = 0
         self._rejected = dict.fromkeys(REJECTION_COUNTERS, 0)
         self._book = PrincipalBook(
             policy.weights, policy.caps, policy.fair_share, queue_caps=policy.queue_caps
@@ -271,6 +272,36 @@ class PoolScheduler:
         """Whether :meth:`take_events` has something (a cheap check for the hot path)."""
         return bool(self._events)
 
+    def inherit(
+        self, key: ProviderKey, *, long_context: bool = False, principal: str, now: float
+    ) -> SlotLease | None:
+        """Count a slot that another process holds on provider ``key`` for ``principal`` (a
+        handover: the process this one takes over from still runs that request), as a lease
+        of this scheduler, so that capacity and the principal's caps stay exact while both
+        run. Release it with :meth:`release` when the other process reports the request done.
+
+        A provider this policy does not have (or has disabled) is not counted: ``None``. Like
+        a capacity lowered live, an inherited lease may take a provider past its capacity; it
+        cancels nothing, and new dispatches wait until ``in_flight`` drops below it. Counted
+        in ``inherited`` (not ``submitted`` or ``admitted``); its release in ``released``.
+        """
+        slot = self._slots.get(key)
+        if slot is None or not slot.enabled:
+            return None
+        self._last_id += 1
+        request = PendingRequest(self._last_id, "", long_context, now)
+        request.share = share = self._book.share(principal)
+        share.in_flight += 1
+        slot.in_flight += 1
+        if long_context:
+            slot.long_in_flight += 1
+        slot.changed()
+        lease = SlotLease(self, request, slot, now)
+        request.state = RequestState.DISPATCHED
+        request.lease = lease
+        self._inherited += 1
+        return lease
+
     def cancel(self, request: PendingRequest, now: float) -> list[Decision]:
         """The client of ``request`` went away: drop it from the queue (``client_gone``).
 
@@ -388,6 +419,7 @@ class PoolScheduler:
             rejected=MappingProxyType(dict(self._rejected)),
             released=self._released,
             double_releases=self._double_releases,
+            inherited=self._inherited,
             failovers=self._failovers,
             groups=groups,
             principals=tuple(self._principal_statistics()),

@@ -112,7 +112,9 @@ class PoolStatistics:
     since start: ``admitted`` counts slots granted (a request failing over gets more than one),
     ``failovers`` the requests that re-entered admission after a failed attempt, and
     ``submitted`` + ``failovers`` = ``admitted`` + sum(``rejected``) + ``queue_depth`` always
-    holds; ``released`` counts first releases, ``double_releases`` the ignored repeats.
+    holds; ``released`` counts first releases, ``double_releases`` the ignored repeats;
+    ``inherited`` counts the leases taken over from another process (a handover), released
+    like any (so ``released`` may exceed ``admitted`` by up to ``inherited``).
     """
 
     queue_depth: int
@@ -125,6 +127,7 @@ class PoolStatistics:
     released: int
     double_releases: int
     failovers: int = 0
+    inherited: int = 0
     groups: tuple[GroupStatistics, ...] = ()
     principals: tuple[PrincipalStatistics, ...] = ()
 
