@@ -91,12 +91,19 @@ def child_fds(sockets: Sequence[socket.socket]) -> tuple[int, ...]:
 
 
 # Runs in the child between fork and the real exec: move the passed descriptors (given in
-# IOP_EDGE_ACTIVATION_FDS) to 3, 4, … and set the variables with its own pid, then exec.
+# IOP_EDGE_ACTIVATION_FDS) to 3, 4, … (and a handover channel's out of their way) and set the
+# variables with its own pid, then exec.
 _SHIM = """\
 import fcntl, os, sys
 names = sys.argv[1]
 fds = [int(fd) for fd in os.environ.pop("IOP_EDGE_ACTIVATION_FDS").split(",")]
 high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]
+extra = os.environ.get("IOP_EDGE_HANDOVER_FD")
+if extra:  # kept out of the way of 3, 4, ...: moved high, the variable updated
+    moved = fcntl.fcntl(int(extra), fcntl.F_DUPFD, 64)
+    os.set_inheritable(moved, True)
+    os.close(int(extra))
+    os.environ["IOP_EDGE_HANDOVER_FD"] = str(moved)
 for fd in fds:
     os.close(fd)
 for offset, fd in enumerate(high):
@@ -110,11 +117,13 @@ os.execvp(sys.argv[2], sys.argv[2:])
 
 
 def activation_env(
-    sockets: Sequence[socket.socket], environ: Mapping[str, str] | None = None
+    sockets: Sequence[socket.socket | int], environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The environment of :func:`activation_argv`'s command."""
+    """The environment of :func:`activation_argv`'s command (``sockets``: sockets or their
+    descriptors, in the order of the names)."""
     env = dict(os.environ if environ is None else environ)
     for name in _VARIABLES:
         env.pop(name, None)
-    env["IOP_EDGE_ACTIVATION_FDS"] = ",".join(str(fd) for fd in child_fds(sockets))
+    fds = [s if isinstance(s, int) else s.fileno() for s in sockets]
+    env["IOP_EDGE_ACTIVATION_FDS"] = ",".join(str(fd) for fd in fds)
     return env

@@ -194,6 +194,8 @@ class AdmissionScheduler:
         self._timer_at: float | None = None
         self._cancel_timer: Callable[[], None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
+        #: told of every lease released (set during a handover: the successor counts them)
+        self.on_release: Callable[[SlotLease], None] | None = None
 
     @property
     def policy(self) -> PoolPolicy:
@@ -214,7 +216,12 @@ class AdmissionScheduler:
         return self._core.statistics()
 
     async def admit(
-        self, group_id: str, *, long_context: bool = False, principal: str = ANONYMOUS
+        self,
+        group_id: str,
+        *,
+        long_context: bool = False,
+        principal: str = ANONYMOUS,
+        submitted_at: float | None = None,
     ) -> Lease:
         """Wait for a slot on a provider of model group ``group_id`` and return its lease;
         pending requests are served fairly across principals (:mod:`iop_edge.pool.fair`).
@@ -225,7 +232,11 @@ class AdmissionScheduler:
         ``no_available_provider`` while waiting. Cancelling the caller leaves the queue.
         """
         submission = self._core.submit(
-            group_id, long_context=long_context, now=self._clock.now(), principal=principal
+            group_id,
+            long_context=long_context,
+            now=self._clock.now(),
+            principal=principal,
+            submitted_at=submitted_at,
         )
         request = submission.request
         self._settle(submission.decisions, own=request)
@@ -257,6 +268,19 @@ class AdmissionScheduler:
             if exc.reason == "no_available_provider":
                 return None
             raise
+
+    def inherit(self, key: ProviderKey, *, long_context: bool, principal: str) -> Lease | None:
+        """A slot the process this one takes over from still holds (a handover): counted as
+        this scheduler's lease until released (see :meth:`PoolScheduler.inherit`)."""
+        slot_lease = self._core.inherit(
+            key, long_context=long_context, principal=principal, now=self._clock.now()
+        )
+        return None if slot_lease is None else Lease(self, slot_lease)
+
+    def hand_over(self) -> None:
+        """Another process took over (a handover): every waiting request, and every one
+        admitted from now on, is refused ``handed_over`` for the server to relay it."""
+        self._settle(self._core.hand_over(self._clock.now()))
 
     def apply_policy(self, policy: PoolPolicy) -> None:
         """Swap the policy live (SPEC §4): waiters are dispatched or failed at once."""
@@ -290,7 +314,10 @@ class AdmissionScheduler:
             raise
 
     def _release(self, slot_lease: SlotLease, outcome: Outcome = None) -> None:
+        released = slot_lease.released
         self._settle(self._core.release(slot_lease, self._clock.now(), outcome))
+        if self.on_release is not None and not released:
+            self.on_release(slot_lease)
 
     def _abandon(self, request: PendingRequest, waiter: asyncio.Future[Lease]) -> None:
         """The waiting task ended without taking its result (cancelled, most likely)."""

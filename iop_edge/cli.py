@@ -15,6 +15,7 @@ from iop_edge import sighup  # noqa: F401 - imported for its effect (the early h
 import argparse
 import json
 import os
+import shutil
 import sys
 import urllib.error
 import urllib.request
@@ -209,10 +210,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``iop-edge serve --config FILE``: run the daemon until SIGTERM/SIGINT."""
     from iop_edge.activation import ActivationError, inherited_sockets
     from iop_edge.daemon import Daemon, early_sighup
+    from iop_edge.handover import HANDOVER_FD_ENV
 
     with early_sighup() as hup:  # kept from sighup's import-time handler, never default
         try:
             inherited = inherited_sockets()
+            handover = os.environ.pop(HANDOVER_FD_ENV, None)
         except ActivationError as exc:
             print(f"iop-edge serve: the sockets passed in are not usable: {exc}", file=sys.stderr)
             return EXIT_INVALID
@@ -233,6 +236,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             drain_timeout=args.drain_timeout,
             freeze_gc=True,
             inherited=inherited,
+            argv=tuple(_own_command()),
+            handover_fd=int(handover) if handover else None,
         )
         import uvloop
 
@@ -313,6 +318,37 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     print(json.dumps(status, indent=2) if args.json else format_status(status))
     return EXIT_OK
+
+
+def _own_command() -> list[str]:
+    """The command that started this process, runnable again (``iop-edge restart`` starts
+    the successor with it, so an upgraded package takes effect)."""
+    program = sys.argv[0]
+    if os.sep not in program:
+        program = shutil.which(program) or program
+    return [os.path.abspath(program), *sys.argv[1:]]
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    """``iop-edge restart``: hand the running daemon over to a new process (admin API)."""
+    url = _console_url(args) + "/admin/restart"
+    try:
+        result = _admin_call(url, "POST", _admin_token(args))
+    except AdminCallError as exc:
+        print(f"iop-edge restart: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except OSError as exc:
+        print(f"iop-edge restart: cannot reach the admin API at {url}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif result["result"] == "handed_over":
+        print(f"handed over to process {result['pid']}; this one drains and exits")
+    else:
+        print(f"not restarted ({result['result']}): {result['message']}")
+        for error in result.get("errors", ()):
+            print(f"  {error['path']}: {error['message']}")
+    return EXIT_OK if result["result"] == "handed_over" else EXIT_INVALID
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -496,6 +532,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--admin-token-file", metavar="FILE", help=_ADMIN_TOKEN_HELP)
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    restart = sub.add_parser(
+        "restart", help="hand the running daemon over to a new process, without a gap"
+    )
+    restart.add_argument("--config", default=default_config_path(), help="to find console.listen")
+    restart.add_argument("--console", metavar="URL", help="admin API base URL")
+    restart.add_argument("--admin-token-file", metavar="FILE", help=_ADMIN_TOKEN_HELP)
+    restart.add_argument("--json", action="store_true")
+    restart.set_defaults(func=cmd_restart)
 
     config = sub.add_parser("config", help="validate, show and compare configs")
     config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=_Parser)

@@ -15,18 +15,21 @@ import contextlib
 import dataclasses
 import gc
 import os
+import secrets
 import signal
 import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from iop_edge import sighup
+from iop_edge.activation import LISTENER_NAMES, activation_argv, activation_env
 from iop_edge.adapters.cli_process import KILL_GRACE_SECONDS
 from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, MonotonicClock
@@ -36,6 +39,9 @@ from iop_edge.api.server import OpenAIServer
 from iop_edge.config.policy import pool_policy
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
+from iop_edge.config_file import load_config_file
+from iop_edge.errors import ConfigError
+from iop_edge.handover import HANDOVER_FD_ENV, Channel, Predecessor, Successor
 from iop_edge.listeners import (
     ADMIN_MAX_CONNECTIONS,
     ConnectionLimits,
@@ -51,6 +57,11 @@ from iop_edge.supervisor import Supervisor, SupervisorOptions, status_line
 from iop_edge.systemd import Notifier
 
 DEFAULT_DRAIN_TIMEOUT = 30.0
+
+
+HANDOVER_IDLE_GRACE = 2.0
+"""Seconds an old process keeps its idle kept-alive connections after a handover, so that a
+request a client sends on one is relayed instead of meeting a closed connection."""
 
 
 def cancel_reserve(drain_timeout: float) -> float:
@@ -80,6 +91,12 @@ class Daemon:
     #: listening sockets passed in, by listener name (:mod:`iop_edge.activation`): used
     #: instead of binding that listener's configured address
     inherited: dict[str, socket.socket] = field(default_factory=dict)
+    #: the command that started this process: a handover (:meth:`restart`) runs it again
+    argv: tuple[str, ...] = ()
+    #: our end of the channel to the process we take over from (a handover), if any
+    handover_fd: int | None = None
+    #: the process that took over from us, once a handover succeeded
+    successor_pid: int | None = field(default=None, init=False)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     scheduler: AdmissionScheduler = field(init=False)
     adapters: NodeAdapters = field(init=False)
@@ -89,6 +106,9 @@ class Daemon:
     listeners: dict[str, Listener] = field(default_factory=dict, init=False)
     stopped: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, init=False)
+    _predecessor: Predecessor | None = field(default=None, init=False)
+    _successor: Successor | None = field(default=None, init=False)
+    _restarting: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.adapters = NodeAdapters.from_config(self.config)
@@ -213,11 +233,28 @@ class Daemon:
         # The admin listeners share the OpenAI listener's timeouts, with a small cap of their own.
         admin_limits = dataclasses.replace(limits, max_connections=ADMIN_MAX_CONNECTIONS)
         await self._bind("openai", self.server.build_app(), config.openai.listen, limits)
+        predecessor = None
         if config.metrics.enabled:
             await self._bind("metrics", self._metrics_app(), config.metrics.listen, admin_limits)
         if config.console.enabled and self.supervisor is not None:
-            admin = AdminAPI(config.edge.id, self.supervisor, self.scheduler, clock=self.clock)
+            admin = AdminAPI(
+                config.edge.id,
+                self.supervisor,
+                self.scheduler,
+                clock=self.clock,
+                restart=self.restart,
+            )
             await self._bind("console", admin.build_app(), config.console.listen, admin_limits)
+        if self.handover_fd is not None:
+            # Taking over: count the old process's leases before accepting anything.
+            predecessor = await Predecessor.connect(self.handover_fd, self.scheduler)
+            self.server.handover_secret = secrets.token_urlsafe(24)
+            await predecessor.take_over(
+                os.getpid(), self.listeners["openai"].url, self.server.handover_secret
+            )
+            for listener in self.listeners.values():
+                await listener.start_serving()
+            self.log.info("handover_taken", inherited_leases=predecessor.inherited)
         for name, unused in self.inherited.items():
             self.log.warning(
                 "listener_socket_unused",
@@ -238,6 +275,9 @@ class Daemon:
             gc.freeze()
         self.server.ready = True
         self.notifier.ready(status_line(self.supervisor) if self.supervisor else "serving")
+        if predecessor is not None:
+            predecessor.serving()
+            self._predecessor = predecessor
         self.log.info(
             "listening",
             edge=config.edge.id,
@@ -249,7 +289,14 @@ class Daemon:
     ) -> None:
         sock = self.inherited.pop(name, None)
         self.listeners[name] = listener = await Listener.bind(
-            name, app, address, limits, clock=self.clock, log=self.log, sock=sock
+            name,
+            app,
+            address,
+            limits,
+            clock=self.clock,
+            log=self.log,
+            sock=sock,
+            serve=self.handover_fd is None,  # a successor accepts once it counted old's leases
         )
         if sock is not None:
             self.log.info(
@@ -299,15 +346,119 @@ class Daemon:
         # they linger: waiting for that may pass the deadline when the drain is shorter than
         # four graces, never by more than one.
         await self.scheduler.aclose()
+        await self.server.aclose()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(max(deadline, loop.time() + KILL_GRACE_SECONDS + 0.5)):
                 await self.adapters.aclose()
         for task in self._tasks:  # the watchdog pings until the very end
             task.cancel()
+        if self._predecessor is not None:
+            await self._predecessor.aclose()
+        if self._successor is not None:
+            self._successor.channel.close()  # the new process stops counting our leases
         stats = self.scheduler.statistics()
         self.log.info("stopped", in_flight=stats.in_flight, queued=stats.queue_depth)
         self.notifier.close()
         flush_logs()
+
+    async def restart(self, ready_timeout: float = 60.0) -> dict[str, Any]:
+        """Hand the listening sockets and the pool over to a new process running the same
+        command (``iop-edge restart``, ``SIGUSR2``; issue 14, :mod:`iop_edge.handover`).
+
+        The config file is validated first: if it does not load, nothing happens and the
+        answer lists its problems. If the new process fails to start or to become ready, it is
+        stopped and this one keeps serving. Once it is ready, this process stops accepting,
+        reports its leases, tells systemd the new main pid, and drains (``stopped`` is set).
+        """
+        if self._restarting or self.successor_pid is not None:
+            return {"result": "rejected", "message": "a handover is already in progress"}
+        if not self.argv or self.config_path is None:
+            return {"result": "rejected", "message": "this process has no command to restart"}
+        try:
+            candidate = load_config_file(str(self.config_path), self.env)
+        except ConfigError as exc:
+            return {
+                "result": "rejected",
+                "message": "the config file does not load; nothing was restarted",
+                "errors": [{"path": p.path, "message": p.message} for p in exc.problems],
+            }
+        self._restarting = True
+        try:
+            return await self._hand_over(candidate, ready_timeout)
+        finally:
+            self._restarting = False
+
+    async def _hand_over(self, candidate: EdgeConfig, ready_timeout: float) -> dict[str, Any]:
+        # Pass the sockets whose address the new config keeps; a changed listen is bound anew.
+        addresses = {
+            "openai": (self.config.openai.listen, candidate.openai.listen),
+            "metrics": (self.config.metrics.listen, candidate.metrics.listen),
+            "console": (self.config.console.listen, candidate.console.listen),
+        }
+        names = [
+            name
+            for name in LISTENER_NAMES
+            if name in self.listeners and addresses[name][0] == addresses[name][1]
+        ]
+        fds = [self.listeners[name].fileno for name in names]
+        ours, theirs = socket.socketpair()
+        env = activation_env(fds, self.env)
+        env[HANDOVER_FD_ENV] = str(theirs.fileno())
+        started = self.clock.now()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *activation_argv(self.argv, names), pass_fds=(*fds, theirs.fileno()), env=env
+            )
+        except OSError as exc:
+            ours.close()
+            return {"result": "failed", "message": f"the new process did not start: {exc}"}
+        finally:
+            theirs.close()
+        successor = Successor(process, await Channel.open(ours))
+        if not await successor.wait_ready(ready_timeout):
+            if process.returncode is None:
+                process.kill()
+            code = await process.wait()
+            successor.channel.close()
+            self.log.warning(
+                "handover_failed",
+                exit_code=code,
+                message="the new process did not become ready; this one keeps serving",
+            )
+            return {
+                "result": "failed",
+                "message": f"the new process did not become ready (exit code {code}); this "
+                "one keeps serving",
+            }
+        # New is ready and waits for our leases: stop accepting (connections wait in the
+        # kernel's backlog), report what we hold and every release from now on.
+        self.server.ready = False
+        for listener in self.listeners.values():
+            listener.stop_listening()
+        successor.hand_over(self.scheduler)
+        # What waits here, and what arrives on kept-alive connections from now on, goes to
+        # the new process, keeping its age (its place and deadline there).
+        self.server.successor = successor.openai_url
+        self.server.handover_secret = successor.secret
+        self.scheduler.hand_over()
+        await successor.wait_serving(ready_timeout)
+        assert successor.pid is not None
+        self.successor_pid = successor.pid
+        self.notifier.notify(f"MAINPID={successor.pid}")
+        self.notifier = Notifier({})  # the new process speaks to systemd from now on
+        stats = self.scheduler.statistics()
+        self.log.info(
+            "handed_over",
+            pid=successor.pid,
+            in_flight=stats.in_flight,
+            queued=stats.queue_depth,
+            duration_ms=round((self.clock.now() - started) * 1000, 1),
+        )
+        self._successor = successor
+        # Kept-alive connections idle now may still carry a request: for a moment they are
+        # served (relayed, then closed) before the drain closes the idle ones.
+        asyncio.get_running_loop().call_later(HANDOVER_IDLE_GRACE, self.stopped.set)
+        return {"result": "handed_over", "pid": successor.pid}
 
     async def _drain(self, listener: Listener, cut_at: float, deadline: float) -> None:
         """Let ``listener``'s requests finish until ``cut_at``; then cut what is left and wait
@@ -338,6 +489,7 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopped.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+        loop.add_signal_handler(signal.SIGUSR2, self._on_usr2)
         try:
             self._log_fd_limit(raise_fd_limit())
             await self.start()
@@ -363,6 +515,16 @@ class Daemon:
                 f"connection caps ({caps}): under load new connections may be reset before "
                 "the caps refuse them; raise LimitNOFILE or lower openai.max_connections",
             )
+
+    def _on_usr2(self) -> None:
+        """SIGUSR2: hand over to a new process (as ``iop-edge restart``)."""
+
+        async def restart() -> None:
+            result = await self.restart()
+            if result["result"] != "handed_over":
+                self.log.warning("restart_refused", **result)
+
+        self._tasks.append(asyncio.create_task(restart()))
 
     def _on_hup(self) -> None:
         if self.supervisor is not None:

@@ -28,6 +28,7 @@ AdmissionReason = Literal[
     "client_gone",
     "principal_queue_full",
     "rate_limit_exceeded",
+    "handed_over",
 ]
 #: How an upstream call failed.
 AdapterCode = Literal["upstream_error", "upstream_timeout"]

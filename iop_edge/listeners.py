@@ -68,6 +68,11 @@ REFUSAL_LINGER: Final = 2.0
 """Seconds a refused connection stays half-closed, for its client to read the 503 and close."""
 
 
+LISTEN_BACKLOG: Final = 4096
+"""Connections the kernel queues for a listener before it accepts them (capped by the kernel's
+``somaxconn``): while a handover or a restart passes the socket on, they wait, not refused."""
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     """The timeouts (seconds) and the connection cap of one listener."""
@@ -412,6 +417,7 @@ class Listener:
         clock: Clock,
         log: Logger,
         sock: socket.socket | None = None,
+        serve: bool = True,
     ) -> Listener:
         """Serve ``app`` on ``address`` (``HOST:PORT``, ``[::1]:PORT``), or on ``sock``, a
         listening socket passed in (:mod:`iop_edge.activation`), whatever its address. Client
@@ -433,12 +439,20 @@ class Listener:
             if sock is None:
                 parsed = ListenAddress.parse(address)
                 listener._server = await loop.create_server(
-                    lambda: ConnectionGuard(listener), parsed.host, parsed.port, reuse_address=True
+                    lambda: ConnectionGuard(listener),
+                    parsed.host,
+                    parsed.port,
+                    reuse_address=True,
+                    backlog=LISTEN_BACKLOG,
+                    start_serving=serve,
                 )
             else:
                 sock.setblocking(False)
                 listener._server = await loop.create_server(
-                    lambda: ConnectionGuard(listener), sock=sock
+                    lambda: ConnectionGuard(listener),
+                    sock=sock,
+                    backlog=LISTEN_BACKLOG,
+                    start_serving=serve,
                 )
         except BaseException:
             await runner.cleanup()
@@ -527,6 +541,23 @@ class Listener:
             self.log.warning(event, listener=self.name, count=count, **fields)
 
     # -- stopping ----------------------------------------------------------------------------
+
+    async def start_serving(self) -> None:
+        """Start accepting (a listener bound with ``serve=False``)."""
+        assert self._server is not None
+        await self._server.start_serving()
+
+    @property
+    def fileno(self) -> int:
+        """The listening socket's descriptor (to pass it to a successor process)."""
+        assert self._server is not None
+        return int(cast(Any, self._server).sockets[0].fileno())
+
+    def stop_listening(self) -> None:
+        """Close the listening socket only: kept-alive connections go on (a handover relays
+        what they send, and closes each after its answer)."""
+        if self._server is not None:
+            self._server.close()
 
     def stop_accepting(self) -> None:
         """Close the listening socket and the idle kept-alive connections; a connection with

@@ -16,7 +16,9 @@ reach it through DNS rebinding); a POST body declared JSON (415 ``unsupported_me
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,8 +55,10 @@ class AdminAPI:
         console: ConsoleSection | None = None,
         *,
         clock: Clock,
+        restart: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
         self.edge_id = edge_id
+        self.restart_edge = restart
         self.supervisor = supervisor
         self.scheduler = scheduler
         self.clock = clock
@@ -74,6 +78,8 @@ class AdminAPI:
         app = web.Application(middlewares=[self._checks])
         app.router.add_get("/admin/status", self.status)
         app.router.add_post("/admin/config/refresh", self.refresh)
+        if self.restart_edge is not None:
+            app.router.add_post("/admin/restart", self.restart)
         return app
 
     @web.middleware
@@ -97,6 +103,7 @@ class AdminAPI:
         stats = self.scheduler.statistics()
         return {
             "edge": self.edge_id,
+            "pid": os.getpid(),
             "config": self.supervisor.status(),
             "queue": {
                 "depth": stats.queue_depth,
@@ -161,6 +168,14 @@ class AdminAPI:
     async def status(self, request: web.Request) -> web.Response:
         """``GET /admin/status``."""
         return web.Response(body=orjson.dumps(self.snapshot()), content_type=_JSON)
+
+    async def restart(self, request: web.Request) -> web.Response:
+        """``POST /admin/restart``: hand over to a new process (issue 14). The result says
+        ``handed_over`` (with the new ``pid``), or ``rejected`` / ``failed`` and why (this
+        process serves on), as a refresh's result does."""
+        assert self.restart_edge is not None
+        result = await self.restart_edge()
+        return web.Response(body=orjson.dumps(result), content_type=_JSON)
 
     async def refresh(self, request: web.Request) -> web.Response:
         """``POST /admin/config/refresh?mode=dry_run|apply`` (default ``dry_run``)."""

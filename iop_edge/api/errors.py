@@ -44,6 +44,7 @@ ADMISSION_STATUS: Final[dict[AdmissionReason, int]] = {
     "queue_full": 429,
     "principal_queue_full": 429,
     "rate_limit_exceeded": 429,
+    "handed_over": 503,  # (relayed to the successor, never shown unless that fails)
     "queue_timeout": 503,
     "no_available_provider": 503,
     "model_not_found": 404,

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import itertools
 import math
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Final
 
+import aiohttp
 from aiohttp import web
 
 from iop_edge.adapters.base import (
@@ -69,6 +71,17 @@ _JSON: Final = "application/json"
 #: Upstream statuses that fail over to another provider (and count toward its ejection, but
 #: for 429, which holds the provider out for its Retry-After instead).
 _FAILOVER_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
+
+
+HANDOVER_HEADER: Final = "X-IOP-Handover"
+"""Carried by a request relayed from the process this one took over from: ``SECRET AGE``."""
+#: hop-by-hop and per-connection headers, not relayed
+_NOT_RELAYED: Final = frozenset(
+    {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
+)
+_RELAYED_BACK: Final = frozenset(
+    {"content-type", "retry-after", "x-request-id", "x-iop-provider", "cache-control"}
+)
 
 
 class _Failed:
@@ -118,6 +131,11 @@ class OpenAIServer:
             "other names.",
         )
         self.ready = False
+        #: a handover: the URL of the process that took over (this one relays to it) ...
+        self.successor: str | None = None
+        #: ... and the secret a relayed request carries, with its age, in HANDOVER_HEADER
+        self.handover_secret: str | None = None
+        self._relay_session: aiohttp.ClientSession | None = None
         #: set by the daemon when a drain runs out: the requests it cancels log 503
         #: ``drain_timeout`` rather than 499 ``client_gone``
         self.cutting = False
@@ -139,6 +157,7 @@ class OpenAIServer:
         app.router.add_get("/v1/models/{model_id:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        app.on_response_prepare.append(self._close_after_handover)
         if self.guard.allowed_origins:
             cors = Cors(self.guard, self.provider_auth.from_header)
             app.router.add_route("OPTIONS", "/v1/{path:.*}", cors.preflight)
@@ -201,6 +220,12 @@ class OpenAIServer:
         record = RequestRecord(_request_id(request), endpoint, self.clock.now())
         try:
             return await self._run(request, endpoint, record)
+        except AdmissionError as exc:
+            if exc.reason == "handed_over" and self.successor is not None:
+                return await self._relay_to_successor(request, record)
+            record.status, record.code, _ = describe(exc)
+            record.error = str(exc)
+            return _error_response(exc, record.request_id, record.provider)
         except IopEdgeError as exc:
             record.status, record.code, _ = describe(exc)
             record.error = str(exc)
@@ -292,7 +317,9 @@ class OpenAIServer:
             # Admitted like a group (its capacity, the principal's caps and share); its
             # outcomes are not reported: a route has no health.
             async with await self.scheduler.admit(
-                route_group(model_id), principal=share
+                route_group(model_id),
+                principal=share,
+                submitted_at=self._relayed_arrival(request.headers),
             ) as admitted:
                 record.queue_wait = admitted.queue_wait
                 record.node, record.provider = route.node_id, route.adapter
@@ -323,7 +350,10 @@ class OpenAIServer:
                 )
             group = completions_group(model.id)
         lease: Lease | None = await self.scheduler.admit(
-            group, long_context=prepared.long_context, principal=share
+            group,
+            long_context=prepared.long_context,
+            principal=share,
+            submitted_at=self._relayed_arrival(request.headers),
         )
         assert lease is not None
         record.queue_wait = lease.queue_wait
@@ -361,6 +391,63 @@ class OpenAIServer:
         finally:
             if lease is not None:
                 lease.release()
+
+    async def _close_after_handover(
+        self, request: web.Request, response: web.StreamResponse
+    ) -> None:
+        # Once handed over, every answer closes its connection: the client's next request
+        # opens a new one, which the new process accepts.
+        if self.successor is not None:
+            response.force_close()
+
+    def _relayed_arrival(self, headers: Mapping[str, str]) -> float | None:
+        """When a request relayed by the process this one took over from arrived there (on
+        our clock), so that it keeps its place and its deadline; ``None`` for any other."""
+        value = headers.get(HANDOVER_HEADER)
+        secret = self.handover_secret
+        if value is None or secret is None:
+            return None
+        given, _, age = value.partition(" ")
+        if not hmac.compare_digest(given.encode(), secret.encode()):
+            return None
+        try:
+            waited = float(age)
+        except ValueError:
+            return None
+        return self.clock.now() - max(0.0, min(waited, 3600.0))
+
+    async def _relay_to_successor(
+        self, request: web.Request, record: RequestRecord
+    ) -> web.StreamResponse:
+        """Send a request this process can no longer admit (it handed over) to the process
+        that took over, with its age, and relay the answer as it comes."""
+        assert self.successor is not None
+        assert self.handover_secret is not None
+        raw = await request.read()  # (read before: aiohttp keeps the body)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_RELAYED}
+        age = self.clock.now() - record.started
+        headers[HANDOVER_HEADER] = f"{self.handover_secret} {age:.6f}"
+        if self._relay_session is None:
+            self._relay_session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
+            )
+        url = self.successor + request.path_qs
+        async with self._relay_session.post(url, data=raw, headers=headers) as upstream:
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED_BACK},
+            )
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+        record.status, record.code = upstream.status, "relayed"
+        return response
+
+    async def aclose(self) -> None:
+        """Close the relay's connections (after a handover)."""
+        if self._relay_session is not None:
+            await self._relay_session.close()
 
     async def _execute(
         self,

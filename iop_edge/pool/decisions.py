@@ -38,6 +38,7 @@ class RejectReason(StrEnum):
     NO_AVAILABLE_PROVIDER = "no_available_provider"
     MODEL_NOT_FOUND = "model_not_found"
     CLIENT_GONE = "client_gone"
+    HANDED_OVER = "handed_over"
 
 
 class PendingRequest:

@@ -99,6 +99,7 @@ class PoolScheduler:
         self._released = 0
         self._double_releases = 0
         self._inherited = 0
+        self._handed_over = False
         self._rejected = dict.fromkeys(REJECTION_COUNTERS, 0)
         self._book = PrincipalBook(
             policy.weights, policy.caps, policy.fair_share, queue_caps=policy.queue_caps
@@ -129,6 +130,7 @@ class PoolScheduler:
         long_context: bool = False,
         now: float,
         principal: str = ANONYMOUS,
+        submitted_at: float | None = None,
     ) -> Submission:
         """Submit a request of ``principal`` for model group ``group_id``: dispatch it, queue
         it or refuse it.
@@ -139,11 +141,14 @@ class PoolScheduler:
         """
         decisions = self._expire_due(now)
         self._last_id += 1
-        request = PendingRequest(self._last_id, group_id, long_context, now)
+        arrived = now if submitted_at is None else submitted_at
+        request = PendingRequest(self._last_id, group_id, long_context, arrived)
         share = request.share = self._book.share(principal)
         self._submitted += 1
         group = self._groups.get(group_id)
-        if group is None:
+        if self._handed_over:
+            decisions.append(self._reject(request, RejectReason.HANDED_OVER, _HANDED_OVER))
+        elif group is None:
             decisions.append(
                 self._reject(
                     request,
@@ -206,7 +211,7 @@ class PoolScheduler:
                 queue.push(request)
                 self._pending += 1
                 if self._timeout is not None:
-                    request.deadline = now + self._timeout
+                    request.deadline = arrived + self._timeout
                     self._deadlines.push(request, self._pending)
         return Submission(request, decisions)
 
@@ -301,6 +306,19 @@ class PoolScheduler:
         request.lease = lease
         self._inherited += 1
         return lease
+
+    def hand_over(self, now: float) -> list[Decision]:
+        """Another process took over the pool (a handover): every pending request is refused
+        ``handed_over`` (the shell relays it to that process), and so is every request
+        submitted from now on; leases are kept and released as usual, and dispatch nothing."""
+        self._handed_over = True
+        decisions = self._expire_due(now)
+        pending = [r for group in self._groups.values() for q in group.all_queues() for r in q]
+        pending.sort(key=lambda request: request.request_id)
+        decisions.extend(
+            self._reject(request, RejectReason.HANDED_OVER, _HANDED_OVER) for request in pending
+        )
+        return decisions
 
     def cancel(self, request: PendingRequest, now: float) -> list[Decision]:
         """The client of ``request`` went away: drop it from the queue (``client_gone``).
@@ -560,7 +578,8 @@ class PoolScheduler:
         request.tried = request.tried | {tried}
         group = self._groups.get(request.group_id)
         if (
-            request.attempts >= self._policy.max_attempts
+            self._handed_over  # another process owns the slots now: no new attempt here
+            or request.attempts >= self._policy.max_attempts
             or group is None
             or not group.has_untried(request.tried)
         ):
@@ -837,6 +856,9 @@ class PoolScheduler:
                         config_change=config_change,
                     )
                 )
+
+
+_HANDED_OVER: Final = "another edge process took over; the request goes to it"
 
 
 def _panic_event(group: ModelGroup) -> HealthEvent:

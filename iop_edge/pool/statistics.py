@@ -24,6 +24,7 @@ REJECTION_COUNTERS: tuple[str, ...] = (
     "model_not_found",
     "config_change",
     "client_gone",
+    "handed_over",
 )
 """The keys of :attr:`PoolStatistics.rejected`, in a stable order.
 

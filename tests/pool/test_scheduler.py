@@ -633,6 +633,7 @@ def test_statistics_counters_agree_with_the_requests_fates() -> None:
         "model_not_found": 1,
         "config_change": 0,
         "client_gone": 1,
+        "handed_over": 0,
     }
     assert (stats.expired, stats.rejected_total, stats.released, stats.double_releases) == (
         1,

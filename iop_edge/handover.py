@@ -1,0 +1,196 @@
+"""Handing the listening sockets and the pool over to a new process (issue 14) — WORK IN
+PROGRESS: the queued requests are not relayed yet.
+
+The running process (old) starts the new one with the same program and arguments, passing its
+listening sockets by the socket-activation convention (:mod:`iop_edge.activation`) and one end
+of a private channel (a Unix socketpair; its descriptor in ``IOP_EDGE_HANDOVER_FD``). Over the
+channel, newline-delimited JSON:
+
+1. new → old ``{"type": "ready", "pid": N}``: new loaded its config, built its adapters and
+   bound the sockets, but does not accept yet.
+2. old stops accepting (connections wait in the kernel's backlog), and sends
+   ``{"type": "leases", "leases": [[node, provider, long, count], ...]}``: the slots it still
+   holds. From then on each lease it releases is sent as ``{"type": "released", "lease":
+   [node, provider, long]}``.
+3. new counts those slots as its own leases (:meth:`AdmissionScheduler.inherit`), starts
+   accepting, says ``{"type": "serving"}``; old tells systemd the new main pid and drains.
+4. When the channel closes (old exited), new releases what it still counts for old.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+from typing import Any
+
+from iop_edge.admission import AdmissionScheduler, Lease
+from iop_edge.pool import SlotLease
+
+HANDOVER_FD_ENV = "IOP_EDGE_HANDOVER_FD"
+HANDOVER_PRINCIPAL = "(handover)"
+"""The principal the successor counts the old process's leases under."""
+
+LeaseKind = tuple[str, str, bool]
+
+
+class Channel:
+    """Newline-delimited JSON messages over a connected stream socket."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, sock: socket.socket) -> Channel:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        return cls(reader, writer)
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(json.dumps(message).encode() + b"\n")
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next message, or ``None`` when the other side closed the channel."""
+        line = await self.reader.readline()
+        return dict(json.loads(line)) if line else None
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def lease_kind(lease: SlotLease) -> LeaseKind:
+    return (lease.node_id, lease.provider_id, lease.long_context)
+
+
+def held_leases(scheduler: AdmissionScheduler) -> list[list[Any]]:
+    """The slots the scheduler's leases hold, per provider and kind: ``[node, provider, long,
+    count]``."""
+    held: list[list[Any]] = []
+    for p in scheduler.statistics().providers:
+        general = p.in_flight - p.long_in_flight
+        if general:
+            held.append([p.node_id, p.provider_id, False, general])
+        if p.long_in_flight:
+            held.append([p.node_id, p.provider_id, True, p.long_in_flight])
+    return held
+
+
+class Predecessor:
+    """The successor's view of the old process: the leases it still holds, counted as ours."""
+
+    def __init__(self, channel: Channel, scheduler: AdmissionScheduler) -> None:
+        self.channel = channel
+        self.scheduler = scheduler
+        self.leases: dict[LeaseKind, list[Lease]] = {}
+        self.inherited = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def connect(cls, fd: int, scheduler: AdmissionScheduler) -> Predecessor:
+        sock = socket.socket(fileno=fd)
+        os.set_inheritable(fd, False)
+        return cls(await Channel.open(sock), scheduler)
+
+    async def take_over(
+        self, pid: int, openai_url: str, secret: str, timeout: float = 30.0
+    ) -> None:
+        """Say we are ready (with where old relays its waiting requests to, and the secret
+        they carry); count the old process's leases once it stopped accepting."""
+        self.channel.send({"type": "ready", "pid": pid, "openai": openai_url, "secret": secret})
+        async with asyncio.timeout(timeout):
+            message = await self.channel.receive()
+        if message is None or message.get("type") != "leases":
+            return  # old is gone (or says nothing): nothing of it to count
+        for node, provider, long, count in message["leases"]:
+            kind: LeaseKind = (node, provider, bool(long))
+            for _ in range(count):
+                lease = self.scheduler.inherit(
+                    (node, provider), long_context=bool(long), principal=HANDOVER_PRINCIPAL
+                )
+                if lease is not None:
+                    self.leases.setdefault(kind, []).append(lease)
+                    self.inherited += 1
+
+    def serving(self) -> None:
+        """Tell old we accept now; follow its releases until it exits."""
+        self.channel.send({"type": "serving"})
+        self._task = asyncio.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        try:
+            while (message := await self.channel.receive()) is not None:
+                if message.get("type") == "released":
+                    node, provider, long = message["lease"]
+                    held = self.leases.get((node, provider, bool(long)))
+                    if held:
+                        held.pop().release()
+        finally:
+            for held in self.leases.values():
+                for lease in held:
+                    lease.release()  # old exited: its requests are gone
+            self.leases.clear()
+            self.channel.close()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+class Successor:
+    """Old's view of the new process: started, told our leases and releases."""
+
+    def __init__(self, process: asyncio.subprocess.Process, channel: Channel) -> None:
+        self.process = process
+        self.channel = channel
+        self.pid: int | None = None
+        self.openai_url = ""
+        self.secret = ""
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Whether new said it is ready within ``timeout`` (False: it failed or exited)."""
+        try:
+            async with asyncio.timeout(timeout):
+                message = await self.channel.receive()
+        except TimeoutError:
+            return False
+        if message is None or message.get("type") != "ready":
+            return False
+        self.pid = int(message["pid"])
+        self.openai_url = str(message["openai"])
+        self.secret = str(message["secret"])
+        return True
+
+    def hand_over(self, scheduler: AdmissionScheduler) -> None:
+        """Send our held leases, then every release as it happens (hooked before the
+        snapshot, in the same tick: none is missed or counted twice)."""
+        channel = self.channel
+
+        def released(lease: SlotLease) -> None:
+            node, provider, long = lease_kind(lease)
+            channel.send({"type": "released", "lease": [node, provider, long]})
+
+        scheduler.on_release = released
+        channel.send({"type": "leases", "leases": held_leases(scheduler)})
+
+    async def wait_serving(self, timeout: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout):
+                message = await self.channel.receive()
+        except TimeoutError:
+            return False
+        return message is not None and message.get("type") == "serving"
+
+
+__all__ = [
+    "HANDOVER_FD_ENV",
+    "HANDOVER_PRINCIPAL",
+    "Channel",
+    "Predecessor",
+    "Successor",
+    "held_leases",
+]
