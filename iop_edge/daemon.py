@@ -18,6 +18,7 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -406,8 +407,10 @@ class Daemon:
         env[HANDOVER_FD_ENV] = str(theirs.fileno())
         started = self.clock.now()
         try:
-            process = await asyncio.create_subprocess_exec(
-                *activation_argv(self.argv, names), pass_fds=(*fds, theirs.fileno()), env=env
+            # (not an asyncio subprocess: this process must be free to exit while the new
+            # one runs on; the kernel reaps nothing it waits for)
+            process = subprocess.Popen(
+                activation_argv(self.argv, names), pass_fds=(*fds, theirs.fileno()), env=env
             )
         except OSError as exc:
             ours.close()
@@ -416,9 +419,9 @@ class Daemon:
             theirs.close()
         successor = Successor(process, await Channel.open(ours))
         if not await successor.wait_ready(ready_timeout):
-            if process.returncode is None:
+            if process.poll() is None:
                 process.kill()
-            code = await process.wait()
+            code = await asyncio.to_thread(process.wait)
             successor.channel.close()
             self.log.warning(
                 "handover_failed",
@@ -455,10 +458,27 @@ class Daemon:
             duration_ms=round((self.clock.now() - started) * 1000, 1),
         )
         self._successor = successor
-        # Kept-alive connections idle now may still carry a request: for a moment they are
-        # served (relayed, then closed) before the drain closes the idle ones.
-        asyncio.get_running_loop().call_later(HANDOVER_IDLE_GRACE, self.stopped.set)
+        self._tasks.append(asyncio.create_task(self._stop_when_idle()))
         return {"result": "handed_over", "pid": successor.pid}
+
+    async def _stop_when_idle(self) -> None:
+        """After a handover: kept-alive connections may still carry requests (relayed, each
+        answer closing its connection), so idle ones stay open until this process has no
+        request in flight or being relayed, and a moment more; then the drain closes them."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_timeout
+        quiet_since: float | None = None
+        while loop.time() < deadline:
+            busy = self.scheduler.statistics().in_flight or self.server.relaying
+            now = loop.time()
+            if busy:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= HANDOVER_IDLE_GRACE:
+                break
+            await asyncio.sleep(0.05)
+        self.stopped.set()
 
     async def _drain(self, listener: Listener, cut_at: float, deadline: float) -> None:
         """Let ``listener``'s requests finish until ``cut_at``; then cut what is left and wait

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
 from typing import Any
 
 from iop_edge.admission import AdmissionScheduler, Lease
@@ -144,7 +145,7 @@ class Predecessor:
 class Successor:
     """Old's view of the new process: started, told our leases and releases."""
 
-    def __init__(self, process: asyncio.subprocess.Process, channel: Channel) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], channel: Channel) -> None:
         self.process = process
         self.channel = channel
         self.pid: int | None = None

@@ -136,6 +136,7 @@ class OpenAIServer:
         #: ... and the secret a relayed request carries, with its age, in HANDOVER_HEADER
         self.handover_secret: str | None = None
         self._relay_session: aiohttp.ClientSession | None = None
+        self.relaying = 0  # answers being relayed from the successor now
         #: set by the daemon when a drain runs out: the requests it cancels log 503
         #: ``drain_timeout`` rather than 499 ``client_gone``
         self.cutting = False
@@ -157,7 +158,6 @@ class OpenAIServer:
         app.router.add_get("/v1/models/{model_id:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
-        app.on_response_prepare.append(self._close_after_handover)
         if self.guard.allowed_origins:
             cors = Cors(self.guard, self.provider_auth.from_header)
             app.router.add_route("OPTIONS", "/v1/{path:.*}", cors.preflight)
@@ -219,7 +219,12 @@ class OpenAIServer:
     async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         record = RequestRecord(_request_id(request), endpoint, self.clock.now())
         try:
-            return await self._run(request, endpoint, record)
+            response = await self._run(request, endpoint, record)
+            if self.successor is not None and not response.prepared:
+                # Handed over: the answer closes its connection (saying so), and the client's
+                # next request opens a new one, which the new process accepts.
+                response.force_close()
+            return response
         except AdmissionError as exc:
             if exc.reason == "handed_over" and self.successor is not None:
                 return await self._relay_to_successor(request, record)
@@ -392,14 +397,6 @@ class OpenAIServer:
             if lease is not None:
                 lease.release()
 
-    async def _close_after_handover(
-        self, request: web.Request, response: web.StreamResponse
-    ) -> None:
-        # Once handed over, every answer closes its connection: the client's next request
-        # opens a new one, which the new process accepts.
-        if self.successor is not None:
-            response.force_close()
-
     def _relayed_arrival(self, headers: Mapping[str, str]) -> float | None:
         """When a request relayed by the process this one took over from arrived there (on
         our clock), so that it keeps its place and its deadline; ``None`` for any other."""
@@ -437,10 +434,15 @@ class OpenAIServer:
                 status=upstream.status,
                 headers={k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED_BACK},
             )
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
+            response.force_close()  # (before prepare: the header says so)
+            self.relaying += 1
+            try:
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+            finally:
+                self.relaying -= 1
         record.status, record.code = upstream.status, "relayed"
         return response
 
