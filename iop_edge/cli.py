@@ -476,8 +476,8 @@ def cmd_token_new(args: argparse.Namespace) -> int:
     print("# add under openai.principal_tokens in edge.yaml:")
     print(yaml.safe_dump([data], sort_keys=False, default_flow_style=None), end="")
     print(
-        "# principal tokens are restart-class: the token is accepted once the daemon restarts "
-        "(systemctl restart iop-edge); a refresh only reports the change",
+        "# principal tokens are restart-class: the token is accepted once the daemon restarts; "
+        "`iop-edge restart` does that without a gap (a refresh only reports the change)",
         file=sys.stderr,
     )
     return EXIT_OK
