@@ -1,17 +1,17 @@
-"""Handing the listening sockets and the pool over to a new process (issue 14) — WORK IN
-PROGRESS: the queued requests are not relayed yet.
+"""Handing the listening sockets and the pool over to a new process (``iop-edge restart``).
 
 The running process (old) starts the new one with the same program and arguments, passing its
 listening sockets by the socket-activation convention (:mod:`iop_edge.activation`) and one end
 of a private channel (a Unix socketpair; its descriptor in ``IOP_EDGE_HANDOVER_FD``). Over the
 channel, newline-delimited JSON:
 
-1. new → old ``{"type": "ready", "pid": N}``: new loaded its config, built its adapters and
-   bound the sockets, but does not accept yet.
-2. old stops accepting (connections wait in the kernel's backlog), and sends
+1. new → old ``{"type": "ready", "pid": N, "openai": URL, "secret": S}``: new loaded its
+   config, built its adapters and bound the sockets, but does not accept yet.
+2. old stops listening (connections wait in the kernel's backlog) and sends
    ``{"type": "leases", "leases": [[node, provider, long, count], ...]}``: the slots it still
    holds. From then on each lease it releases is sent as ``{"type": "released", "lease":
-   [node, provider, long]}``.
+   [node, provider, long]}``. Old relays its waiting requests to ``URL`` with their age and
+   ``S`` (see :class:`iop_edge.api.server.OpenAIServer`).
 3. new counts those slots as its own leases (:meth:`AdmissionScheduler.inherit`), starts
    accepting, says ``{"type": "serving"}``; old tells systemd the new main pid and drains.
 4. When the channel closes (old exited), new releases what it still counts for old.
