@@ -305,16 +305,23 @@ def _admin_call(url: str, method: str = "GET", token: str | None = None) -> Any:
         ) from None
 
 
+def _call_console(command: str, args: argparse.Namespace, path: str, method: str) -> Any:
+    """One admin API call for ``iop-edge COMMAND``; ``None`` (the reason printed) when it
+    was refused or the API is unreachable."""
+    url = _console_url(args) + path
+    try:
+        return _admin_call(url, method, _admin_token(args))
+    except AdminCallError as exc:
+        print(f"iop-edge {command}: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"iop-edge {command}: cannot reach the admin API at {url}: {exc}", file=sys.stderr)
+    return None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """``iop-edge status [--json]``: the running daemon's status, from its admin API."""
-    url = _console_url(args) + "/admin/status"
-    try:
-        status = _admin_call(url, "GET", _admin_token(args))
-    except AdminCallError as exc:
-        print(f"iop-edge status: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    except OSError as exc:
-        print(f"iop-edge status: cannot reach the admin API at {url}: {exc}", file=sys.stderr)
+    status = _call_console("status", args, "/admin/status", "GET")
+    if status is None:
         return EXIT_INVALID
     print(json.dumps(status, indent=2) if args.json else format_status(status))
     return EXIT_OK
@@ -331,14 +338,8 @@ def _own_command() -> list[str]:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     """``iop-edge restart``: hand the running daemon over to a new process (admin API)."""
-    url = _console_url(args) + "/admin/restart"
-    try:
-        result = _admin_call(url, "POST", _admin_token(args))
-    except AdminCallError as exc:
-        print(f"iop-edge restart: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    except OSError as exc:
-        print(f"iop-edge restart: cannot reach the admin API at {url}: {exc}", file=sys.stderr)
+    result = _call_console("restart", args, "/admin/restart", "POST")
+    if result is None:
         return EXIT_INVALID
     if args.json:
         print(json.dumps(result, indent=2))
