@@ -444,7 +444,13 @@ class Daemon:
         self.server.successor = successor.openai_url
         self.server.handover_secret = successor.secret
         self.scheduler.hand_over()
-        await successor.wait_serving(ready_timeout)
+        if not await successor.wait_serving(ready_timeout):
+            # Past the point of return (this process stopped listening): say so, go on.
+            self.log.warning(
+                "handover_unconfirmed",
+                pid=successor.pid,
+                message="the new process did not say it accepts connections; check it",
+            )
         assert successor.pid is not None
         self.successor_pid = successor.pid
         self.notifier.notify(f"MAINPID={successor.pid}")

@@ -58,6 +58,16 @@ class Channel:
         line = await self.reader.readline()
         return dict(json.loads(line)) if line else None
 
+    async def expect(self, kind: str, timeout: float) -> dict[str, Any] | None:
+        """The next message if it is of type ``kind`` and comes within ``timeout``, else
+        ``None`` (the other side closed, said something else, or was silent)."""
+        try:
+            async with asyncio.timeout(timeout):
+                message = await self.receive()
+        except TimeoutError:
+            return None
+        return message if message is not None and message.get("type") == kind else None
+
     def close(self) -> None:
         self.writer.close()
 
@@ -101,10 +111,10 @@ class Predecessor:
         """Say we are ready (with where old relays its waiting requests to, and the secret
         they carry); count the old process's leases once it stopped accepting."""
         self.channel.send({"type": "ready", "pid": pid, "openai": openai_url, "secret": secret})
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout):  # (old silent that long: fail, do not guess)
             message = await self.channel.receive()
         if message is None or message.get("type") != "leases":
-            return  # old is gone (or says nothing): nothing of it to count
+            return  # old is gone: nothing of it to count
         for node, provider, long, count in message["leases"]:
             kind: LeaseKind = (node, provider, bool(long))
             for _ in range(count):
@@ -154,12 +164,8 @@ class Successor:
 
     async def wait_ready(self, timeout: float) -> bool:
         """Whether new said it is ready within ``timeout`` (False: it failed or exited)."""
-        try:
-            async with asyncio.timeout(timeout):
-                message = await self.channel.receive()
-        except TimeoutError:
-            return False
-        if message is None or message.get("type") != "ready":
+        message = await self.channel.expect("ready", timeout)
+        if message is None:
             return False
         self.pid = int(message["pid"])
         self.openai_url = str(message["openai"])
@@ -179,12 +185,8 @@ class Successor:
         channel.send({"type": "leases", "leases": held_leases(scheduler)})
 
     async def wait_serving(self, timeout: float) -> bool:
-        try:
-            async with asyncio.timeout(timeout):
-                message = await self.channel.receive()
-        except TimeoutError:
-            return False
-        return message is not None and message.get("type") == "serving"
+        """Whether new said it accepts within ``timeout``."""
+        return await self.channel.expect("serving", timeout) is not None
 
 
 __all__ = [

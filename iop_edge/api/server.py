@@ -225,13 +225,9 @@ class OpenAIServer:
                 # next request opens a new one, which the new process accepts.
                 response.force_close()
             return response
-        except AdmissionError as exc:
-            if exc.reason == "handed_over" and self.successor is not None:
-                return await self._relay_to_successor(request, record)
-            record.status, record.code, _ = describe(exc)
-            record.error = str(exc)
-            return _error_response(exc, record.request_id, record.provider)
         except IopEdgeError as exc:
+            if isinstance(exc, AdmissionError) and exc.reason == "handed_over" and self.successor:
+                return await self._relay_to_successor(request, record)
             record.status, record.code, _ = describe(exc)
             record.error = str(exc)
             if isinstance(exc, AdapterError) and exc.code.startswith("upstream_"):
@@ -400,9 +396,11 @@ class OpenAIServer:
     def _relayed_arrival(self, headers: Mapping[str, str]) -> float | None:
         """When a request relayed by the process this one took over from arrived there (on
         our clock), so that it keeps its place and its deadline; ``None`` for any other."""
-        value = headers.get(HANDOVER_HEADER)
         secret = self.handover_secret
-        if value is None or secret is None:
+        if secret is None:  # (only a process started by a handover has one: no lookup)
+            return None
+        value = headers.get(HANDOVER_HEADER)
+        if value is None:
             return None
         given, _, age = value.partition(" ")
         if not hmac.compare_digest(given.encode(), secret.encode()):

@@ -182,14 +182,6 @@ class PrincipalBook:
         """Every share the book has, by name."""
         return sorted(self._shares.values(), key=_name)
 
-    def weight(self, principal: str) -> float:
-        """The weight of ``principal`` (1 unless configured)."""
-        return self._weights.get(principal, 1.0)
-
-    def cap(self, principal: str) -> int | None:
-        """The ``max_in_flight`` of ``principal``, or ``None``: no cap."""
-        return self._caps.get(principal)
-
     def in_flight(self, principal: str) -> int:
         """How many leases ``principal`` holds, pool-wide."""
         share = self._shares.get(principal)
