@@ -112,7 +112,11 @@ for offset, fd in enumerate(high):
 os.environ.update(
     LISTEN_PID=str(os.getpid()), LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=names
 )
-os.execvp(sys.argv[2], sys.argv[2:])
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:  # one line, and a shell's exit code for a command it cannot run
+    sys.stderr.write(f"iop-edge: cannot run {sys.argv[2]!r}: {exc.strerror}\\n")
+    sys.exit(127)
 """
 
 

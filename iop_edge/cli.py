@@ -358,11 +358,19 @@ def format_status(status: dict[str, Any]) -> str:
     queue = status["queue"]
     timeout = queue["queue_timeout_ms"]
     lines = [
-        f"edge {status['edge']}: config {config['hash'][:12]} (generation "
-        f"{config['generation']}) from {config['path']}",
+        f"edge {status['edge']} (pid {status.get('pid', '?')}): config "
+        f"{config['hash'][:12]} (generation {config['generation']}) from {config['path']}",
         f"queue: {queue['depth']} pending (max {queue['max_queue']}, timeout "
         f"{f'{timeout} ms' if timeout else 'none'})",
     ]
+    taken = status.get("handover")
+    if taken:
+        lines.append(
+            f"took over from process {taken['from_pid']} at {taken['at']} in "
+            f"{taken['duration_ms']:g} ms: {taken['inherited_leases']} slot(s) inherited "
+            f"({taken['inherited_held']} still held), {taken['relayed_requests']} request(s) "
+            f"relayed; the old process {'still drains' if taken['old_running'] else 'exited'}"
+        )
     last = config.get("last_refresh")
     if last:
         lines.append(f"last refresh: {last['result']} ({last['trigger']})")

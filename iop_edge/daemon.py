@@ -42,7 +42,14 @@ from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
 from iop_edge.config_file import load_config_file
 from iop_edge.errors import ConfigError
-from iop_edge.handover import HANDOVER_FD_ENV, Channel, Predecessor, Successor
+from iop_edge.handover import (
+    HANDOVER_FD_ENV,
+    Channel,
+    DrainTally,
+    HandoverStatistics,
+    Predecessor,
+    Successor,
+)
 from iop_edge.listeners import (
     ADMIN_MAX_CONNECTIONS,
     ConnectionLimits,
@@ -110,6 +117,8 @@ class Daemon:
     _predecessor: Predecessor | None = field(default=None, init=False)
     _successor: Successor | None = field(default=None, init=False)
     _restarting: bool = field(default=False, init=False)
+    #: after we handed over: what we finish, relay or cut (logged as we exit)
+    _drained: DrainTally | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.adapters = NodeAdapters.from_config(self.config)
@@ -124,6 +133,7 @@ class Daemon:
             self.scheduler.statistics,
             lambda: self.supervisor,
             lambda: [listener.statistics() for listener in self.listeners.values()],
+            self.handover_statistics,
         )
         self.server = OpenAIServer(
             self.config,
@@ -244,18 +254,18 @@ class Daemon:
                 self.scheduler,
                 clock=self.clock,
                 restart=self.restart,
+                handover=self.handover_statistics,
             )
             await self._bind("console", admin.build_app(), config.console.listen, admin_limits)
         if self.handover_fd is not None:
             # Taking over: count the old process's leases before accepting anything.
-            predecessor = await Predecessor.connect(self.handover_fd, self.scheduler)
+            predecessor = await Predecessor.connect(self.handover_fd, self.scheduler, self.clock)
             self.server.handover_secret = secrets.token_urlsafe(24)
             await predecessor.take_over(
                 os.getpid(), self.listeners["openai"].url, self.server.handover_secret
             )
             for listener in self.listeners.values():
                 await listener.start_serving()
-            self.log.info("handover_taken", inherited_leases=predecessor.inherited)
         for name, unused in self.inherited.items():
             self.log.warning(
                 "listener_socket_unused",
@@ -279,6 +289,12 @@ class Daemon:
         if predecessor is not None:
             predecessor.serving()
             self._predecessor = predecessor
+            self.log.info(
+                "handover_taken",
+                from_pid=predecessor.pid,
+                inherited_leases=predecessor.inherited,
+                duration_ms=round(predecessor.duration * 1000, 1),
+            )
         self.log.info(
             "listening",
             edge=config.edge.id,
@@ -357,10 +373,35 @@ class Daemon:
             await self._predecessor.aclose()
         if self._successor is not None:
             self._successor.channel.close()  # the new process stops counting our leases
+        if self._drained is not None:
+            drained = self._drained
+            self.log.info(
+                "handover_drained",
+                pid=self.successor_pid,
+                message=f"after handing over: {drained.finished} request(s) finished here "
+                f"({drained.finished_streams} stream(s)), {drained.relayed} relayed to the new "
+                f"process, {drained.cut} cut ({drained.cut_streams} stream(s))",
+                **dataclasses.asdict(drained),
+            )
         stats = self.scheduler.statistics()
         self.log.info("stopped", in_flight=stats.in_flight, queued=stats.queue_depth)
         self.notifier.close()
         flush_logs()
+
+    def handover_statistics(self) -> HandoverStatistics | None:
+        """The handover this process took over by, if any."""
+        predecessor = self._predecessor
+        if predecessor is None:
+            return None
+        return HandoverStatistics(
+            from_pid=predecessor.pid,
+            at=predecessor.serving_since,
+            duration=predecessor.duration,
+            inherited_leases=predecessor.inherited,
+            inherited_held=predecessor.held,
+            relayed_requests=self.server.relayed_in,
+            old_running=predecessor.old_running,
+        )
 
     async def restart(self, ready_timeout: float = 60.0) -> dict[str, Any]:
         """Hand the listening sockets and the pool over to a new process running the same
@@ -436,13 +477,19 @@ class Daemon:
         # New is ready and waits for our leases: stop accepting (connections wait in the
         # kernel's backlog), report what we hold and every release from now on.
         self.server.ready = False
-        for listener in self.listeners.values():
-            listener.stop_listening()
-        successor.hand_over(self.scheduler)
+        for name, listener in self.listeners.items():
+            if name == "openai":
+                listener.stop_listening()  # (what comes on kept-alive connections is relayed)
+            else:  # the admin and metrics answer from new: close the idle connections here
+                listener.stop_accepting()
+        successor.hand_over(self.scheduler, self.clock.now() - started)
         # What waits here, and what arrives on kept-alive connections from now on, goes to
         # the new process, keeping its age (its place and deadline there).
         self.server.successor = successor.openai_url
         self.server.handover_secret = successor.secret
+        self._drained = drained = DrainTally()
+        self.server.observers.append(drained.observe)
+        at_handover = self.scheduler.statistics()  # (before the queue goes to new)
         self.scheduler.hand_over()
         if not await successor.wait_serving(ready_timeout):
             # Past the point of return (this process stopped listening): say so, go on.
@@ -455,12 +502,11 @@ class Daemon:
         self.successor_pid = successor.pid
         self.notifier.notify(f"MAINPID={successor.pid}")
         self.notifier = Notifier({})  # the new process speaks to systemd from now on
-        stats = self.scheduler.statistics()
         self.log.info(
             "handed_over",
             pid=successor.pid,
-            in_flight=stats.in_flight,
-            queued=stats.queue_depth,
+            in_flight=at_handover.in_flight,
+            relayed_queued=at_handover.queue_depth,
             duration_ms=round((self.clock.now() - started) * 1000, 1),
         )
         self._successor = successor

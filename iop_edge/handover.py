@@ -8,13 +8,18 @@ channel, newline-delimited JSON:
 1. new → old ``{"type": "ready", "pid": N, "openai": URL, "secret": S}``: new loaded its
    config, built its adapters and bound the sockets, but does not accept yet.
 2. old stops listening (connections wait in the kernel's backlog) and sends
-   ``{"type": "leases", "leases": [[node, provider, long, count], ...]}``: the slots it still
-   holds. From then on each lease it releases is sent as ``{"type": "released", "lease":
-   [node, provider, long]}``. Old relays its waiting requests to ``URL`` with their age and
+   ``{"type": "leases", "pid": N, "elapsed": SECONDS, "leases": [[node, provider, long,
+   count], ...]}``: its pid, how long ago the restart began, and the slots it still holds.
+   From then on each lease it releases is sent as ``{"type": "released", "lease": [node,
+   provider, long]}``. Old relays its waiting requests to ``URL`` with their age and
    ``S`` (see :class:`iop_edge.api.server.OpenAIServer`).
 3. new counts those slots as its own leases (:meth:`AdmissionScheduler.inherit`), starts
    accepting, says ``{"type": "serving"}``; old tells systemd the new main pid and drains.
 4. When the channel closes (old exited), new releases what it still counts for old.
+
+New shows the handover in ``/admin/status`` and ``iop_edge_handover_*``
+(:class:`HandoverStatistics`); old logs what it finished, relayed and cut (:class:`DrainTally`)
+as it exits.
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ import json
 import os
 import socket
 import subprocess
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from iop_edge.admission import AdmissionScheduler, Lease
+from iop_edge.api.record import RequestRecord
 from iop_edge.pool import SlotLease
+from iop_edge.seams import Clock
 
 HANDOVER_FD_ENV = "IOP_EDGE_HANDOVER_FD"
 HANDOVER_PRINCIPAL = "(handover)"
@@ -89,21 +98,78 @@ def held_leases(scheduler: AdmissionScheduler) -> list[list[Any]]:
     return held
 
 
+@dataclass(frozen=True, slots=True)
+class HandoverStatistics:
+    """The handover this process took over by (``/admin/status``, ``iop_edge_handover_*``)."""
+
+    #: the process handed over from
+    from_pid: int
+    #: Unix time this process started accepting
+    at: float
+    #: seconds from the restart's start in the old process to this one accepting
+    duration: float
+    #: the old process's leases counted as held here when it handed over ...
+    inherited_leases: int
+    #: ... and those of them it still holds
+    inherited_held: int
+    #: requests the old process relayed here (it had queued them, or they came on a
+    #: connection kept alive with it)
+    relayed_requests: int
+    #: whether the old process still runs (drains its requests); its channel is closed after
+    old_running: bool
+
+
+@dataclass(slots=True)
+class DrainTally:
+    """What the old process finished after it handed over, by how (logged as it exits)."""
+
+    finished: int = 0
+    finished_streams: int = 0
+    relayed: int = 0
+    cut: int = 0
+    cut_streams: int = 0
+
+    def observe(self, record: RequestRecord) -> None:
+        """Count one request that ended (a request observer of the server)."""
+        if record.code == "relayed":
+            self.relayed += 1
+        elif record.code == "drain_timeout":
+            self.cut += 1
+            self.cut_streams += record.stream
+        else:
+            self.finished += 1
+            self.finished_streams += record.stream
+
+
 class Predecessor:
     """The successor's view of the old process: the leases it still holds, counted as ours."""
 
-    def __init__(self, channel: Channel, scheduler: AdmissionScheduler) -> None:
+    def __init__(self, channel: Channel, scheduler: AdmissionScheduler, clock: Clock) -> None:
         self.channel = channel
         self.scheduler = scheduler
+        self.clock = clock
         self.leases: dict[LeaseKind, list[Lease]] = {}
         self.inherited = 0
+        #: the old process's pid, and how long the handover had taken when we got its leases
+        self.pid = 0
+        self._elapsed = 0.0
+        self._leases_at = 0.0
+        #: seconds from the restart's start (in old) to our accepting; Unix time of that
+        self.duration = 0.0
+        self.serving_since = 0.0
+        self.old_running = True
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def connect(cls, fd: int, scheduler: AdmissionScheduler) -> Predecessor:
+    async def connect(cls, fd: int, scheduler: AdmissionScheduler, clock: Clock) -> Predecessor:
         sock = socket.socket(fileno=fd)
         os.set_inheritable(fd, False)
-        return cls(await Channel.open(sock), scheduler)
+        return cls(await Channel.open(sock), scheduler, clock)
+
+    @property
+    def held(self) -> int:
+        """Leases still counted for the old process."""
+        return sum(len(held) for held in self.leases.values())
 
     async def take_over(
         self, pid: int, openai_url: str, secret: str, timeout: float = 30.0
@@ -115,6 +181,9 @@ class Predecessor:
             message = await self.channel.receive()
         if message is None or message.get("type") != "leases":
             return  # old is gone: nothing of it to count
+        self._leases_at = self.clock.now()
+        self.pid = int(message.get("pid", 0))
+        self._elapsed = float(message.get("elapsed", 0.0))
         for node, provider, long, count in message["leases"]:
             kind: LeaseKind = (node, provider, bool(long))
             for _ in range(count):
@@ -127,6 +196,8 @@ class Predecessor:
 
     def serving(self) -> None:
         """Tell old we accept now; follow its releases until it exits."""
+        self.duration = self._elapsed + (self.clock.now() - self._leases_at)
+        self.serving_since = time.time()
         self.channel.send({"type": "serving"})
         self._task = asyncio.create_task(self._follow())
 
@@ -144,6 +215,7 @@ class Predecessor:
                     lease.release()  # old exited: its requests are gone
             self.leases.clear()
             self.channel.close()
+            self.old_running = False
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -172,9 +244,10 @@ class Successor:
         self.secret = str(message["secret"])
         return True
 
-    def hand_over(self, scheduler: AdmissionScheduler) -> None:
-        """Send our held leases, then every release as it happens (hooked before the
-        snapshot, in the same tick: none is missed or counted twice)."""
+    def hand_over(self, scheduler: AdmissionScheduler, elapsed: float) -> None:
+        """Send our held leases (with our pid and the ``elapsed`` seconds since the restart
+        began), then every release as it happens (hooked before the snapshot, in the same
+        tick: none is missed or counted twice)."""
         channel = self.channel
 
         def released(lease: SlotLease) -> None:
@@ -182,7 +255,14 @@ class Successor:
             channel.send({"type": "released", "lease": [node, provider, long]})
 
         scheduler.on_release = released
-        channel.send({"type": "leases", "leases": held_leases(scheduler)})
+        channel.send(
+            {
+                "type": "leases",
+                "pid": os.getpid(),
+                "elapsed": elapsed,
+                "leases": held_leases(scheduler),
+            }
+        )
 
     async def wait_serving(self, timeout: float) -> bool:
         """Whether new said it accepts within ``timeout``."""
@@ -193,6 +273,8 @@ __all__ = [
     "HANDOVER_FD_ENV",
     "HANDOVER_PRINCIPAL",
     "Channel",
+    "DrainTally",
+    "HandoverStatistics",
     "Predecessor",
     "Successor",
     "held_leases",

@@ -19,6 +19,7 @@ from iop_edge.pool import PoolStatistics
 
 if TYPE_CHECKING:
     from iop_edge.api.record import RequestRecord
+    from iop_edge.handover import HandoverStatistics
     from iop_edge.listeners import ListenerStatistics
     from iop_edge.supervisor import RefreshRecord, Supervisor
 
@@ -205,6 +206,45 @@ class ListenerCollector(Collector):
         yield events
 
 
+class HandoverCollector(Collector):
+    """The handover this process took over by (none: no series), read at scrape time."""
+
+    def __init__(self, handover: Callable[[], HandoverStatistics | None]) -> None:
+        self._handover = handover
+
+    def collect(self) -> Iterator[Metric]:
+        """The figures of the last handover, if this process was started by one."""
+        taken = self._handover()
+        if taken is None:
+            return
+        yield GaugeMetricFamily(
+            "iop_edge_handover_timestamp_seconds",
+            "Unix time this process took over from the old one (iop-edge restart).",
+            value=taken.at,
+        )
+        yield GaugeMetricFamily(
+            "iop_edge_handover_duration_seconds",
+            "Seconds from the restart's start in the old process to this one accepting.",
+            value=taken.duration,
+        )
+        yield GaugeMetricFamily(
+            "iop_edge_handover_inherited_leases",
+            "Provider slots the old process still held when it handed over, counted here.",
+            value=taken.inherited_leases,
+        )
+        yield GaugeMetricFamily(
+            "iop_edge_handover_inherited_leases_held",
+            "Of those, the slots the old process holds still (0 once it exited).",
+            value=taken.inherited_held,
+        )
+        yield CounterMetricFamily(
+            "iop_edge_handover_relayed_requests",
+            "Requests the old process relayed here (queued there, or sent on a connection "
+            "kept alive with it).",
+            value=taken.relayed_requests,
+        )
+
+
 class _RequestChildren(NamedTuple):
     """The labelled series one (model, token_ref, code) request touches."""
 
@@ -225,6 +265,7 @@ class EdgeMetrics:
         statistics: Callable[[], PoolStatistics],
         supervisor: Callable[[], Supervisor | None],
         listeners: Callable[[], Iterable[ListenerStatistics]] | None = None,
+        handover: Callable[[], HandoverStatistics | None] | None = None,
     ) -> None:
         self.registry = registry
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` series
@@ -283,6 +324,8 @@ class EdgeMetrics:
         registry.register(StateCollector(statistics, supervisor))
         if listeners is not None:
             registry.register(ListenerCollector(listeners))
+        if handover is not None:
+            registry.register(HandoverCollector(handover))
         self._children: dict[tuple[str, str, str], _RequestChildren] = {}
 
     def observe_request(self, record: RequestRecord) -> None:

@@ -16,7 +16,8 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import yaml
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.tokens import token_hash
-from tests.helpers import BOUND, IOP_EDGE, doc_for, dump
+from tests.helpers import BOUND, IOP_EDGE, doc_for, dump, edge_on, wait_for
 from tests.test_stop_and_signals import served, write_config
 
 TOKENS = {"app-a": "iop_token-of-app-a", "app-b": "iop_token-of-app-b"}
@@ -77,12 +78,79 @@ async def ask(
         return 0, f"{text}: {exc!r}"
 
 
+def with_second_provider(doc: dict[str, Any], fake: FakeOpenAI) -> dict[str, Any]:
+    """``doc`` with a second provider, ``up2`` on ``fake``, in the model ``chat``."""
+    node = doc["nodes"][0]
+    node["adapters"].append({"name": "oa2", "type": "openai_compat", "base_url": fake.base_url})
+    node["providers"].append(
+        {
+            "id": "up2",
+            "type": "openai_compat",
+            "category": "api",
+            "adapter": "oa2",
+            "models": ["fake-model"],
+            "capacity": 2,
+        }
+    )
+    next(m for m in doc["models"] if m["id"] == "chat")["providers"].append("up2")
+    return doc
+
+
+def exited(pid: int) -> bool:
+    """Whether process ``pid`` ended (gone, or a zombie no one reaped yet: the old processes
+    after the first are not the test's children)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def lasting_fds(pid: int) -> list[str]:
+    """What process ``pid``'s descriptors are, except TCP connections (clients come and go):
+    files, pipes, the event loop's, listening sockets (``tcp-listen``) and Unix sockets."""
+    kinds: dict[str, str] = {}
+    for table, kind in (("tcp", "tcp"), ("tcp6", "tcp"), ("unix", "unix")):
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/net/{table}") as handle:
+            for line in list(handle)[1:]:
+                fields = line.split()
+                if kind == "unix":
+                    kinds[f"socket:[{fields[6]}]"] = "unix"
+                else:  # state 0A: LISTEN
+                    kinds[f"socket:[{fields[9]}]"] = "tcp-listen" if fields[3] == "0A" else ""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            kind = kinds.get(target, target.split("[")[0] if "[" in target else target)
+            if kind:
+                found.append(kind)
+    return sorted(found)
+
+
+def old_gone(console: str) -> Callable[[], Awaitable[bool]]:
+    """Whether the serving process says the one it took over from is gone."""
+
+    async def gone() -> bool:
+        return not (await status(console))["handover"]["old_running"]
+
+    return gone
+
+
+async def metric(url: str, name: str) -> float:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
 async def test_a_handover_under_load_fails_nothing_and_keeps_capacity_exact(
     tmp_path: Path,
 ) -> None:
-    """Capacity 2, each answer 0.1 s: client loops of 8, 4 streams and 16 queued requests are
-    going when ``POST /admin/restart`` hands over with a config that adds app-b's token."""
-    async with FakeOpenAI(behavior=FakeBehavior(latency=0.1, chunk_delay=0.01)) as fake:
+    """Capacity 2, each answer 0.1 s: 16 client loops, 8 streams and 32 queued requests are
+    going when ``POST /admin/restart`` hands over with a config that adds app-b's token and a
+    second provider."""
+    behavior = FakeBehavior(latency=0.1, chunk_delay=0.02, chunks=20)
+    async with FakeOpenAI(behavior=behavior) as fake, FakeOpenAI(behavior=behavior) as added:
         doc = tokens_doc(fake, ["app-a"])
         config = write_config(tmp_path, doc)
         new_pid: list[int] = []
@@ -99,36 +167,59 @@ async def test_a_handover_under_load_fails_nothing_and_keeps_capacity_exact(
                         outcomes.append(await ask(s, url, "app-a", f"loop {n}.{i}"))
                         i += 1
 
-                loops = [asyncio.create_task(loop(n)) for n in range(8)]
+                loops = [asyncio.create_task(loop(n)) for n in range(16)]
                 streams = [
                     asyncio.create_task(ask(s, url, "app-a", f"stream {n}", stream=True))
-                    for n in range(4)
+                    for n in range(8)
                 ]
-                queued = [asyncio.create_task(ask(s, url, "app-a", f"q {n}")) for n in range(16)]
+                queued = [asyncio.create_task(ask(s, url, "app-a", f"q {n}")) for n in range(32)]
                 await fake.wait_requests(2)
-                edit_config(config, tokens_doc(fake, ["app-a", "app-b"]))
+                edit_config(
+                    config, with_second_provider(tokens_doc(fake, ["app-a", "app-b"]), added)
+                )
                 async with s.post(console + "/admin/restart", headers=JSON) as response:
                     result = await response.json()
                 new_pid.append(result["pid"])
                 # the new token works right after
                 accepted = await ask(s, url, "app-b", "new token")
-                served_by = (await status(console))["pid"]
+                taken = await status(console)
                 for _ in range(3):  # more load on the new process
                     outcomes.append(await ask(s, url, "app-a", "after"))
                 stop.set()
                 outcomes += await asyncio.gather(*streams, *queued)
                 await asyncio.gather(*loops)
             old_exit = await asyncio.to_thread(old.process.wait, BOUND)
+            shown = await asyncio.to_thread(
+                subprocess.run,
+                [IOP_EDGE, "status", "--console", console],
+                capture_output=True,
+                text=True,
+                timeout=BOUND,
+            )
+            relayed = await metric(
+                listening["metrics"] + "/metrics", "iop_edge_handover_relayed_requests_total"
+            )
             handed = old.events("handed_over")
+            drained = old.events("handover_drained")
     assert result["result"] == "handed_over"
-    assert served_by == result["pid"] != old.process.pid
+    assert taken["pid"] == result["pid"] != old.process.pid
     assert accepted[0] == 200
     failed = [o for o in outcomes if o[0] != 200]
-    assert not failed, failed[:3]
-    assert sum(1 for o in outcomes if "data: [DONE]" in o[1]) == 4  # every stream complete
+    assert not failed, failed[:3]  # no failure, no refused connection (status 0)
+    assert sum(1 for o in outcomes if "data: [DONE]" in o[1]) == 8  # every stream complete
     assert fake.max_in_flight <= 2
+    assert added.max_in_flight <= 2
+    assert added.requests  # the added provider took a share of the load
     assert old_exit == 0
     assert handed[0]["pid"] == result["pid"]
+    # new shows how it took over; old said what it finished, relayed and cut
+    assert taken["handover"]["from_pid"] == old.process.pid
+    assert 0 < taken["handover"]["duration_ms"] < BOUND * 1000
+    assert taken["handover"]["relayed_requests"] <= relayed == drained[0]["relayed"]
+    assert drained[0]["relayed"] > 0  # the queued requests, at least
+    assert drained[0]["cut"] == 0
+    assert f"(pid {result['pid']})" in shown.stdout
+    assert f"took over from process {old.process.pid} at " in shown.stdout
 
 
 async def test_a_config_that_does_not_load_restarts_nothing(tmp_path: Path) -> None:
@@ -207,3 +298,104 @@ async def test_sigusr2_hands_over_as_the_restart_command_does(tmp_path: Path) ->
                 pid = (await status(listening["console"]))["pid"]
     assert answer[0] == 200
     assert pid == handed["pid"] != old.process.pid
+
+
+async def test_ten_handovers_in_a_row_under_load_leak_no_descriptor_process_or_slot(
+    tmp_path: Path,
+) -> None:
+    """Client loops and streams run throughout ten restarts in a row. Every request succeeds;
+    each old process exits; the last process holds the descriptors the first new one held (no
+    channel, socket or pipe piles up), and once the load stops no slot is held anywhere."""
+    async with FakeOpenAI(behavior=FakeBehavior(latency=0.02, chunk_delay=0.01)) as fake:
+        config = write_config(tmp_path, tokens_doc(fake, ["app-a"]))
+        pids: list[int] = []
+        with served(config) as first, successor_stopped(pids):
+            listening = first.wait_event("listening")
+            url, console = listening["openai"], listening["console"]
+            outcomes: list[tuple[int, str]] = []
+            stop = asyncio.Event()
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=BOUND)) as s:
+
+                async def loop(n: int, stream: bool) -> None:
+                    i = 0
+                    while not stop.is_set():
+                        outcomes.append(await ask(s, url, "app-a", f"{n}.{i}", stream=stream))
+                        i += 1
+
+                loops = [asyncio.create_task(loop(n, stream=n < 2)) for n in range(6)]
+                olds = [first.process.pid]
+                fds: list[list[str]] = []
+                for n in range(10):
+                    async with s.post(console + "/admin/restart", headers=JSON) as response:
+                        result = await response.json()
+                    assert result["result"] == "handed_over", result
+                    pids.append(result["pid"])
+                    if n in (0, 9):  # once its predecessor left (and the channel with it)
+                        await wait_for(old_gone(console))
+                        fds.append(lasting_fds(pids[-1]))
+                    olds.append(pids[-1])
+                stop.set()
+                await asyncio.gather(*loops)
+                await wait_for(lambda: all(exited(pid) for pid in olds[:-1]))
+            last = await status(console)
+    assert len(set(pids)) == 10
+    failed = [o for o in outcomes if o[0] != 200]
+    assert not failed, failed[:3]
+    assert sum(1 for o in outcomes if "data: [DONE]" in o[1]) >= 2
+    assert fds[0] == fds[1]
+    assert last["pid"] == pids[-1]
+    assert last["handover"]["inherited_held"] == 0
+    assert [p["in_flight"] for p in last["providers"]] == [0, 0]
+    assert last["queue"]["depth"] == 0
+
+
+# -- in one process: the ways a restart is refused or fails, and what stays as it was -----
+
+
+async def serves(url: str) -> int:
+    async with aiohttp.ClientSession() as session:
+        return (await ask(session, url, "app-a", "still here"))[0]
+
+
+async def test_a_new_process_that_cannot_be_run_or_exits_at_once_leaves_this_one_serving(
+    tmp_path: Path,
+) -> None:
+    async with FakeOpenAI() as fake:
+        doc = tokens_doc(fake, ["app-a"])
+        missing = (str(tmp_path / "no-such-program"), "serve")
+        async with edge_on(tmp_path, doc, argv=missing) as edge:
+            daemon = edge.daemon
+            not_run = await daemon.restart()
+            daemon.argv = (IOP_EDGE, "serve", "--no-such-option")  # exits 2 (usage)
+            exits = await daemon.restart()
+            answer = await serves(daemon.listeners["openai"].url)
+            metrics = await edge.metrics()
+            taken = daemon.handover_statistics()
+    assert not_run["result"] == "failed"  # (the program is run by the activation shim)
+    assert "did not become ready (exit code 127)" in not_run["message"]
+    assert exits == {
+        "result": "failed",
+        "message": "the new process did not become ready (exit code 2); this one keeps serving",
+    }
+    assert answer == 200
+    assert taken is None  # nothing was handed over: no handover series either
+    assert not [name for name in metrics if name.startswith("iop_edge_handover")]
+
+
+async def test_a_restart_is_refused_while_one_runs_or_without_a_command(tmp_path: Path) -> None:
+    async with FakeOpenAI() as fake:
+        doc = tokens_doc(fake, ["app-a"])
+        # a new process that exits without saying it is ready
+        exits = (sys.executable, "-c", "pass")
+        async with edge_on(tmp_path, doc, argv=exits) as edge:
+            first = asyncio.create_task(edge.daemon.restart())
+            await asyncio.sleep(0)  # (it is running: it waits for the new process)
+            second = await edge.daemon.restart()
+            first_result = await first
+            edge.daemon.argv = ()
+            without = await edge.daemon.restart()
+            answer = await serves(edge.daemon.listeners["openai"].url)
+    assert second == {"result": "rejected", "message": "a handover is already in progress"}
+    assert first_result["result"] == "failed"
+    assert without == {"result": "rejected", "message": "this process has no command to restart"}
+    assert answer == 200

@@ -2,9 +2,11 @@
 
 - ``GET /admin/status``: the running config (hash, generation, restart-pending paths, the last
   refresh) and the scheduler (queue depth, every provider's slots and health, each model
-  group's panic flag, the counters). Health times are wall-clock ISO 8601 (UTC).
+  group's panic flag, the principals, the counters), the serving process's ``pid`` and the
+  handover it took over by (``handover``, or ``null``). Times are wall-clock ISO 8601 (UTC).
 - ``POST /admin/config/refresh?mode=dry_run|apply``: read the config file and refresh; the
   answer is the refresh result (any other mode is ``rejected``).
+- ``POST /admin/restart``: hand over to a new process (:mod:`iop_edge.handover`).
 
 Every request passes the same checks first (a middleware, so unknown paths too), each refusal
 a JSON error in the OpenAI envelope: no browser origin at all (an ``Origin`` header → 403
@@ -33,6 +35,7 @@ from iop_edge.api.guard import RequestGuard, install_log_scrubber, require_json_
 from iop_edge.config.schema import ConsoleSection
 from iop_edge.envelope import envelope
 from iop_edge.errors import IopEdgeError
+from iop_edge.handover import HandoverStatistics
 from iop_edge.pool import ProviderStatistics
 from iop_edge.seams import Clock
 from iop_edge.supervisor import Supervisor
@@ -56,8 +59,10 @@ class AdminAPI:
         *,
         clock: Clock,
         restart: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        handover: Callable[[], HandoverStatistics | None] | None = None,
     ) -> None:
         self.edge_id = edge_id
+        self.handover = handover
         self.restart_edge = restart
         self.supervisor = supervisor
         self.scheduler = scheduler
@@ -127,6 +132,7 @@ class AdminAPI:
                 }
                 for p in stats.principals
             ],
+            "handover": self._handover(),
             "counters": {
                 "submitted": stats.submitted,
                 "admitted": stats.admitted,
@@ -135,6 +141,21 @@ class AdminAPI:
                 "failovers": stats.failovers,
                 "rejected": dict(stats.rejected),
             },
+        }
+
+    def _handover(self) -> dict[str, Any] | None:
+        """The handover this process took over by (``None``: it was started otherwise)."""
+        taken = self.handover() if self.handover is not None else None
+        if taken is None:
+            return None
+        return {
+            "from_pid": taken.from_pid,
+            "at": datetime.fromtimestamp(taken.at, UTC).isoformat(timespec="milliseconds"),
+            "duration_ms": round(taken.duration * 1000, 1),
+            "inherited_leases": taken.inherited_leases,
+            "inherited_held": taken.inherited_held,
+            "relayed_requests": taken.relayed_requests,
+            "old_running": taken.old_running,
         }
 
     def _provider(self, p: ProviderStatistics) -> dict[str, Any]:
@@ -175,7 +196,10 @@ class AdminAPI:
         process serves on), as a refresh's result does."""
         assert self.restart_edge is not None
         result = await self.restart_edge()
-        return web.Response(body=orjson.dumps(result), content_type=_JSON)
+        response = web.Response(body=orjson.dumps(result), content_type=_JSON)
+        if result["result"] == "handed_over":
+            response.force_close()  # the next request goes to the new process
+        return response
 
     async def refresh(self, request: web.Request) -> web.Response:
         """``POST /admin/config/refresh?mode=dry_run|apply`` (default ``dry_run``)."""

@@ -137,6 +137,7 @@ class OpenAIServer:
         self.handover_secret: str | None = None
         self._relay_session: aiohttp.ClientSession | None = None
         self.relaying = 0  # answers being relayed from the successor now
+        self.relayed_in = 0  # requests the process we took over from relayed to us
         #: set by the daemon when a drain runs out: the requests it cancels log 503
         #: ``drain_timeout`` rather than 499 ``client_gone``
         self.cutting = False
@@ -409,6 +410,7 @@ class OpenAIServer:
             waited = float(age)
         except ValueError:
             return None
+        self.relayed_in += 1
         return self.clock.now() - max(0.0, min(waited, 3600.0))
 
     async def _relay_to_successor(
