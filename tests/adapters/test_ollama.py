@@ -64,7 +64,6 @@ async def test_request_maps_messages_target_and_options(
         top_p=0.9,
         stop="END",
         seed=7,
-        x_unknown="not for ollama",
     )
     call.body["messages"].insert(0, {"role": "developer", "content": "Be brief."})
     await executor.complete(call)
