@@ -200,7 +200,7 @@ def refusal(kind: str, endpoint: str, body: Mapping[str, Any]) -> FieldRefusal |
             continue
         rule = rules.get(name)
         if rule is None:
-            return name, "it does not know this field, and a field is never silently dropped"
+            return name, "it does not translate this field, and a field is never silently dropped"
         why = rule(value)
         if why is not None:
             return name, why

@@ -142,10 +142,9 @@ def _message(
     calls = message.get("tool_calls")
     if calls:
         converted["tool_calls"] = _tool_calls(calls, index, names)
-    if role == "tool":
-        name = names.get(message.get("tool_call_id"))  # type: ignore[arg-type]
-        if name is not None:
-            converted["tool_name"] = name
+    call_id = message.get("tool_call_id")
+    if role == "tool" and isinstance(call_id, str) and call_id in names:
+        converted["tool_name"] = names[call_id]
     content = message.get("content")
     if isinstance(content, list):
         images: list[str] = []

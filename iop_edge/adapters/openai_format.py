@@ -127,9 +127,10 @@ def require_chat(call: UpstreamCall, label: str) -> list[Mapping[str, Any]]:
     message objects.
     """
     if call.endpoint != "chat/completions":
+        needs = "openai_compat" if call.endpoint == "completions" else "openai_compat or ollama"
         raise UnsupportedRequestError(
             f"{label} serves only /v1/chat/completions; /v1/{call.endpoint} needs an "
-            "openai_compat provider"
+            f"{needs} provider"
         )
     messages = call.body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):

@@ -349,7 +349,7 @@ async def test_tool_choice_none_sends_no_tools_to_ollama(
         ("chat-ol", {"n": 2}, "n", "its ollama providers: 'n': it returns one choice"),
         ("chat-ol", {"logprobs": True}, "logprobs", "log probabilities"),
         ("chat-ol", {"tool_choice": "required", "tools": WEATHER}, "tool_choice", "forced"),
-        ("chat-ol", {"extra_body": {"top_k": 5}}, "top_k", "does not know this field"),
+        ("chat-ol", {"extra_body": {"top_k": 5}}, "top_k", "does not translate this field"),
         ("chat-cli", {"temperature": 0.5}, "temperature", "its cli providers"),
         ("chat-cli", {"tools": WEATHER}, "tools", "cannot call tools"),
         ("local", {"n": 3}, "n", "its ollama providers: 'n'"),
@@ -574,3 +574,20 @@ async def test_created_is_stable_across_a_reload(fake_oa: FakeOpenAI, fake_ol: F
         after = {m.id: m.created async for m in client.models.list()}
     assert {k: v for k, v in after.items() if k != "added"} == before
     assert after["added"] >= max(before.values())
+
+
+async def test_a_route_to_an_ollama_adapter_embeds_and_refuses_what_it_cannot_honour(
+    fake_oa: FakeOpenAI, fake_ol: FakeOllama
+) -> None:
+    doc = surface_doc(fake_oa, fake_ol)
+    doc["openai"]["model_routes"].append(
+        {"model": "ol-route", "adapter": "ol", "target": "fake-model"}
+    )
+    async with surface(fake_oa, fake_ol, doc) as (_, client):
+        reply = await client.embeddings.create(model="ol-route", input="routed")
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(model="ol-route", messages=HELLO, n=2)
+    assert reply.model == "ol-route"
+    assert reply.data[0].embedding == fake_embedding("routed")
+    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", "n")
+    assert "cannot be honoured by ollama adapter 'ol'" in caught.value.message
