@@ -41,11 +41,8 @@ class ModelEntry:
     serves_embeddings: bool = False
     #: the runtime types of its providers (``openai_compat``, ``ollama``, ``cli``)
     kinds: frozenset[str] = frozenset({"openai_compat"})
-
-    @property
-    def normalized(self) -> bool:
-        """True when a provider is not ``openai_compat``: its request fields are checked."""
-        return self.kinds != _PASSTHROUGH_ONLY
+    #: True when a provider is not ``openai_compat``: its requests' fields are checked
+    normalized: bool = False
 
     @classmethod
     def from_group(cls, group: ModelGroup, types: Mapping[str, str]) -> ModelEntry:
@@ -63,10 +60,8 @@ class ModelEntry:
             serves_completions="openai_compat" in kinds,
             serves_embeddings=not kinds.isdisjoint(EMBEDDING_TYPES),
             kinds=kinds,
+            normalized=kinds != {"openai_compat"},
         )
-
-
-_PASSTHROUGH_ONLY = frozenset({"openai_compat"})
 
 
 @dataclass(frozen=True, slots=True)
