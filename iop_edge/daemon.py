@@ -19,7 +19,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,7 +159,7 @@ class Daemon:
         """Swap the live part of ``config`` in: scheduler policy and catalog in one loop step
         (both are built before either is swapped, so a failure changes nothing)."""
         policy = pool_policy(config)
-        catalog = build_catalog(config, created=int(time.time()))
+        catalog = build_catalog(config, created=self.server.load_times)
         self.scheduler.apply_policy(policy)
         self.server.swap_catalog(catalog)
 

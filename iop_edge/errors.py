@@ -49,6 +49,8 @@ RequestCode = Literal[
     "unsupported_media_type",
     "origin_not_allowed",
     "host_not_allowed",
+    "unsupported_endpoint",
+    "unsupported_parameter",
 ]
 
 

@@ -308,6 +308,13 @@ class EdgeMetrics:
             ["model", "token_ref", "direction"],
             registry=registry,
         )
+        self.tokens_estimated = Counter(
+            "iop_edge_tokens_estimated",
+            "The part of iop_edge_tokens_total that the edge estimated (cli providers that "
+            "report no usage).",
+            ["model", "token_ref", "direction"],
+            registry=registry,
+        )
         self.failovers = Counter(
             "iop_edge_failovers",
             "Requests retried on another provider after an attempt failed before the client's "
@@ -363,6 +370,13 @@ class EdgeMetrics:
             children.prompt_tokens.inc(usage.prompt_tokens)
         if usage.completion_tokens:
             children.completion_tokens.inc(usage.completion_tokens)
+        if usage.estimated:  # (cli only; a label look-up next to a process start is noise)
+            for direction, count in (
+                ("prompt", usage.prompt_tokens),
+                ("completion", usage.completion_tokens),
+            ):
+                if count:
+                    self.tokens_estimated.labels(model, token_ref, direction).inc(count)
 
     def observe_refresh(self, record: RefreshRecord) -> None:
         """Count one finished (apply-mode) refresh."""

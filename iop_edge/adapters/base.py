@@ -20,9 +20,12 @@ Failure contract, the same for every adapter:
   :class:`UpstreamReply` with that status and an OpenAI error envelope; any other status but
   200 (1xx, 204, 205 and other 2xx, 3xx — redirects are not followed —, anything past 599) is
   an ``upstream_error`` naming the status;
-- an endpoint the adapter cannot serve (``completions`` on ``ollama`` / ``cli``):
-  :class:`UnsupportedRequestError`, status 400, code ``invalid_request_error``, raised before
-  any I/O (the catalog knows which model groups serve ``completions`` from the config).
+- an endpoint the adapter cannot serve (``completions`` on ``ollama`` / ``cli``,
+  ``embeddings`` on ``cli``) or a request field it cannot honour (``n > 1`` on ``ollama``):
+  :class:`UnsupportedRequestError`, status 400, code ``invalid_request_error``, ``param`` the
+  field, raised before any I/O (the request path routes ``completions`` and ``embeddings`` only
+  to providers that serve them, so a client meets the endpoint case only through a model
+  route).
 
 ``request_timeout_ms`` (merged execution field, :data:`DEFAULT_REQUEST_TIMEOUT_MS` when unset)
 is one deadline for the whole exchange, from the call to the last frame: a stall between frames
@@ -37,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, Self
 
-from iop_edge.errors import RequestError
+from iop_edge.errors import RequestCode, RequestError
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -58,16 +61,21 @@ DEFAULT_REQUEST_TIMEOUT_MS: Final = 600_000
 enough for a slow local model writing a long answer, short enough that a hung upstream frees
 its slot."""
 
-Endpoint = Literal["chat/completions", "completions"]
+Endpoint = Literal["chat/completions", "completions", "embeddings"]
 """The OpenAI endpoint a call targets (the path under ``/v1``)."""
 
 
 @dataclass(slots=True)
 class Usage:
-    """Token usage as the upstream reported it; ``None`` when it did not."""
+    """Token usage as the upstream reported it; ``None`` when it did not.
+
+    ``estimated``: the counts are the edge's estimate, not the upstream's (a ``cli`` provider
+    that reports none; see :mod:`iop_edge.adapters.cli`).
+    """
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    estimated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +91,18 @@ class UpstreamCall:
     headers: Mapping[str, str]
     """Extra upstream headers (provider auth); never the client's own ``Authorization``."""
     request_id: str
+    """The request's id: sent upstream (``x-request-id`` header; ``IOP_EDGE_REQUEST_ID`` in a
+    CLI's environment) and used in the ids of normalized answers."""
+    model: str = ""
+    """The model id the client asked for (a model group or route id): the ``model`` of every
+    answer, whatever the upstream calls its model. Empty: the target."""
+    estimated_prompt_tokens: int | None = None
+    """The edge's estimate of the input tokens (what a ``cli`` provider reports as usage)."""
+
+    @property
+    def answer_model(self) -> str:
+        """The ``model`` the client's answer shows."""
+        return self.model or self.target
 
 
 @dataclass(slots=True)
@@ -161,10 +181,13 @@ class UnsupportedRequestError(RequestError):
     (no ``messages`` list, an image given by URL to Ollama). A client-request error like the
     others (``invalid_request_error``, 400): it is the client's request, not the upstream,
     that cannot be served, so it never counts as an upstream failure. ``param`` names the
-    offending field when there is one."""
+    offending field when there is one; a field the adapter cannot honour has the code
+    ``unsupported_parameter`` (OpenAI's)."""
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__("invalid_request_error", message, status=400, param=param)
+    def __init__(
+        self, message: str, *, param: str | None = None, code: RequestCode = "invalid_request_error"
+    ) -> None:
+        super().__init__(code, message, status=400, param=param)
 
 
 class Backend(Protocol):

@@ -32,6 +32,18 @@ hi``). Content parts are reduced to their text. The prompt ends with a newline.
   Other line types (``system``, ``user`` tool results...) are skipped; a line that is not a
   JSON object fails the call.
 
+**Request id**: the edge's request id is in the command's environment as
+``IOP_EDGE_REQUEST_ID`` (an agent can log it or pass it on).
+
+**Fields**: every field but ``messages`` is checked by
+:func:`iop_edge.adapters.fields.refusal`: a CLI honours none of the sampling, format or tool
+fields, so a request that sets one is a 400 naming it, before the command starts.
+
+**Usage**: what the command reports (``json``, ``stream-json``); when it reports none at all,
+the edge's estimate, marked ``Usage.estimated``: the prompt's is the request's input estimate
+(:func:`iop_edge.api.bodies.estimate_input_tokens`, the one that classes long-context
+requests), the completion's ``ceil(UTF-8 bytes of the answer / 4)`` by the same rule.
+
 The finish reason is always ``stop``. A non-zero exit, a kill, or a malformed output is
 ``upstream_error`` (502) carrying the tail of stderr; before any frame when the command fails
 before its first output, from the frames otherwise.
@@ -49,6 +61,7 @@ import orjson
 
 from iop_edge.adapters.base import UpstreamCall, UpstreamReply, UpstreamStream, Usage
 from iop_edge.adapters.cli_process import CliRun, CliTracker
+from iop_edge.adapters.fields import refuse_unhonoured
 from iop_edge.adapters.openai_format import (
     DONE_FRAME,
     ChatChunks,
@@ -60,7 +73,10 @@ from iop_edge.adapters.openai_format import (
 )
 from iop_edge.errors import AdapterError
 
-__all__ = ["CliExecutor", "OutputDecoder", "render_prompt"]
+__all__ = ["REQUEST_ID_ENV", "CliExecutor", "OutputDecoder", "render_prompt"]
+
+REQUEST_ID_ENV = "IOP_EDGE_REQUEST_ID"
+"""The environment variable that carries the edge's request id to the command."""
 
 
 def render_prompt(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -81,6 +97,7 @@ class OutputDecoder:
     def __init__(self, output_format: str) -> None:
         self.format = output_format
         self.usage = Usage()
+        self.answer_bytes = 0  # UTF-8 bytes of the answer so far (the completion estimate)
         self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = bytearray()
         self._emitted = False
@@ -90,6 +107,7 @@ class OutputDecoder:
     def feed(self, data: bytes) -> list[str]:
         """Pieces of answer completed by ``data``."""
         if self.format == "text":
+            self.answer_bytes += len(data)
             piece = self._text.decode(data)
             return [piece] if piece else []
         self._pending += data
@@ -100,7 +118,21 @@ class OutputDecoder:
             line = bytes(self._pending[:end])
             del self._pending[: end + 1]
             pieces.extend(self._stream_line(line))
+        self._count(pieces)
         return pieces
+
+    def _count(self, pieces: list[str]) -> None:
+        for piece in pieces:
+            self.answer_bytes += len(piece) if piece.isascii() else len(piece.encode())
+
+    def estimate(self, prompt_tokens: int | None) -> None:
+        """When the command reported no usage at all, fill it in with the edge's estimate (see
+        the module docstring) and mark it estimated."""
+        usage = self.usage
+        if usage.prompt_tokens is None and usage.completion_tokens is None:
+            usage.prompt_tokens = prompt_tokens
+            usage.completion_tokens = -(-self.answer_bytes // 4)
+            usage.estimated = True
 
     def end(self) -> list[str]:
         """Pieces left when stdout ended."""
@@ -108,9 +140,12 @@ class OutputDecoder:
             piece = self._text.decode(b"", final=True)
             return [piece] if piece else []
         if self.format == "json":
-            return self._json_object(bytes(self._pending))
-        line, self._pending = bytes(self._pending), bytearray()
-        return self._stream_line(line)
+            pieces = self._json_object(bytes(self._pending))
+        else:
+            line, self._pending = bytes(self._pending), bytearray()
+            pieces = self._stream_line(line)
+        self._count(pieces)
+        return pieces
 
     def _json_object(self, raw: bytes) -> list[str]:
         try:
@@ -211,13 +246,15 @@ class CliExecutor:
 
     async def _start(self, call: UpstreamCall) -> tuple[CliRun, float]:
         prompt = render_prompt(require_chat(call, self._label)).encode()
+        refuse_unhonoured(call, "cli", self._label)
         if self._argv is None:
             raise AdapterError(
                 "upstream_error",
                 f"{self._label} has no command; set command on the provider or its adapter",
             )
         deadline = asyncio.get_running_loop().time() + self._timeout_ms / 1000
-        run = await CliRun.start(self._argv, self._env, prompt, self._label, self._tracker)
+        env = {**self._env, REQUEST_ID_ENV: call.request_id}
+        run = await CliRun.start(self._argv, env, prompt, self._label, self._tracker)
         return run, deadline
 
     @contextlib.contextmanager
@@ -246,7 +283,10 @@ class CliExecutor:
                     pieces.extend(decoder.feed(chunk))
                 await run.finish()
             pieces.extend(decoder.end())
-        body = chat_completion(call.request_id, call.target, "".join(pieces), "stop", decoder.usage)
+        decoder.estimate(call.estimated_prompt_tokens)
+        body = chat_completion(
+            call.request_id, call.answer_model, "".join(pieces), "stop", decoder.usage
+        )
         return UpstreamReply(200, body, decoder.usage)
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
@@ -274,8 +314,17 @@ class CliExecutor:
                         decoder.feed(chunk)
                     await run.finish()
                     ready.extend(decoder.end())
-        chunks = ChatChunks(call.request_id, call.target)
-        frames = self._relay(run, deadline, decoder, chunks, ready, ended, include_usage(call.body))
+        chunks = ChatChunks(call.request_id, call.answer_model)
+        frames = self._relay(
+            run,
+            deadline,
+            decoder,
+            chunks,
+            ready,
+            ended,
+            include_usage(call.body),
+            call.estimated_prompt_tokens,
+        )
 
         async def close() -> None:
             run.abort()
@@ -293,6 +342,7 @@ class CliExecutor:
         ready: list[str],
         ended: bool,
         with_usage: bool,
+        prompt_tokens: int | None,
     ) -> AsyncGenerator[bytes, None]:
         with self._failures(run):
             yield chunks.role()
@@ -310,6 +360,7 @@ class CliExecutor:
                 ended = True
                 for piece in decoder.end():
                     yield chunks.content(piece)
+            decoder.estimate(prompt_tokens)
             yield chunks.finish("stop")
             if with_usage:
                 yield chunks.usage(decoder.usage)

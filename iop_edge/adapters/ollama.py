@@ -18,19 +18,42 @@ Ollama option               from
 ==========================  =========================================================
 
 ``response_format`` ``json_object`` becomes ``format: "json"`` and ``json_schema`` its schema.
-Tools are not translated (a request with ``tools`` gets a plain answer).
+
+**Tools.** ``tools`` go to Ollama as they are (Ollama takes OpenAI's function-tool objects);
+``tool_choice: "none"`` sends none. In the history, an assistant message's ``tool_calls``
+become Ollama's (``function.arguments`` parsed from its JSON string into an object; a string
+that is not a JSON object is a 400 naming it) and a ``role: "tool"`` message gets the
+``tool_name`` of the call its ``tool_call_id`` answers. In the answer, Ollama's
+``message.tool_calls`` become OpenAI's: ``id`` (Ollama's, else ``call_<request id>_<n>``),
+``type: "function"``, ``function.name`` and ``function.arguments`` as a JSON string;
+``finish_reason`` is then ``tool_calls`` and ``content`` null when Ollama sent no text. Streamed,
+each Ollama chunk with ``tool_calls`` becomes a delta with ``tool_calls`` (``index`` counting
+every call of the answer).
+
+Any other request field is checked by :func:`iop_edge.adapters.fields.refusal`: one this
+adapter cannot honour (``n: 2``, ``logprobs: true``...) is a 400 naming it, before any I/O.
 
 Reply: ``prompt_eval_count`` / ``eval_count`` become ``usage``; ``done_reason`` ``length``
-becomes ``finish_reason: "length"``, anything else ``"stop"``; ``message.thinking`` becomes
-``reasoning_content``. A stream (NDJSON) becomes ``chat.completion.chunk`` frames as described
-in :mod:`iop_edge.adapters.openai_format`; an ``{"error": ...}`` line, a line that is not JSON,
-or an end before the ``"done": true`` line raises ``upstream_error`` out of the frames.
+becomes ``finish_reason: "length"``, anything else ``"stop"`` (``tool_calls`` as above);
+``message.thinking`` becomes ``reasoning_content``. A stream (NDJSON) becomes
+``chat.completion.chunk`` frames as described in :mod:`iop_edge.adapters.openai_format`; an
+``{"error": ...}`` line, a line that is not JSON, or an end before the ``"done": true`` line
+raises ``upstream_error`` out of the frames.
+
+**Embeddings** (``POST {base_url}/api/embed``): ``{"model", "input"}`` (a string or strings;
+token ids are refused) with ``dimensions`` when set; Ollama's ``embeddings`` become OpenAI's
+``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
+"usage": {"prompt_tokens", "total_tokens"}}`` (``prompt_eval_count``), each vector a list of
+floats or, with ``encoding_format: "base64"`` (what the OpenAI SDKs ask for), the base64 of its
+little-endian float32 bytes.
 Upstream statuses are mapped as :mod:`iop_edge.adapters.upstream_http` describes (200 an
 answer, 400–599 Ollama's error relayed with its status, anything else ``upstream_error``).
 """
 
 from __future__ import annotations
 
+import base64
+import struct
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -43,6 +66,7 @@ from iop_edge.adapters.base import (
     UpstreamStream,
     Usage,
 )
+from iop_edge.adapters.fields import refuse_unhonoured
 from iop_edge.adapters.openai_format import (
     DONE_FRAME,
     ChatChunks,
@@ -61,7 +85,7 @@ from iop_edge.adapters.upstream_http import (
     upstream_error,
 )
 
-__all__ = ["OllamaExecutor", "ollama_request"]
+__all__ = ["OllamaExecutor", "embed_request", "ollama_request"]
 
 _PASSED_OPTIONS: Final = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
 
@@ -70,12 +94,57 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _message(message: Mapping[str, Any], label: str) -> dict[str, Any]:
+def _arguments(value: object, param: str) -> object:
+    """OpenAI's ``function.arguments`` (a JSON string) as the object Ollama takes."""
+    if isinstance(value, Mapping):
+        return value
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            parsed = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed
+    raise UnsupportedRequestError(
+        f"'{param}' must be a JSON object in a string, not {value!r:.60}.", param=param
+    )
+
+
+def _tool_calls(calls: list[Any], index: int, names: dict[str, str]) -> list[dict[str, Any]]:
+    """An assistant message's OpenAI ``tool_calls`` as Ollama's; remembers each id's name."""
+    converted: list[dict[str, Any]] = []
+    for position, call in enumerate(calls):
+        where = f"messages[{index}].tool_calls[{position}]"
+        function = call.get("function") if isinstance(call, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(name, str):
+            raise UnsupportedRequestError(
+                f"'{where}' must be a function call with a string function.name.", param=where
+            )
+        call_id = call.get("id")
+        if isinstance(call_id, str):
+            names[call_id] = name
+        arguments = _arguments(function.get("arguments"), f"{where}.function.arguments")
+        converted.append({"function": {"name": name, "arguments": arguments}})
+    return converted
+
+
+def _message(
+    message: Mapping[str, Any], label: str, index: int, names: dict[str, str]
+) -> dict[str, Any]:
     role = message.get("role")
     converted: dict[str, Any] = {
         "role": "system" if role == "developer" else role,
         "content": message_text(message.get("content")),
     }
+    calls = message.get("tool_calls")
+    if calls:
+        converted["tool_calls"] = _tool_calls(calls, index, names)
+    call_id = message.get("tool_call_id")
+    if role == "tool" and isinstance(call_id, str) and call_id in names:
+        converted["tool_name"] = names[call_id]
     content = message.get("content")
     if isinstance(content, list):
         images: list[str] = []
@@ -98,7 +167,9 @@ def _message(message: Mapping[str, Any], label: str) -> dict[str, Any]:
 def ollama_request(call: UpstreamCall, context_size: int | None, label: str) -> dict[str, Any]:
     """The ``/api/chat`` body of an OpenAI chat call (see the module docstring)."""
     body = call.body
-    messages = [_message(m, label) for m in require_chat(call, label)]
+    refuse_unhonoured(call, "ollama", label)
+    names: dict[str, str] = {}  # tool call id → function name, for the tool messages
+    messages = [_message(m, label, i, names) for i, m in enumerate(require_chat(call, label))]
     options: dict[str, Any] = {}
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
@@ -121,6 +192,9 @@ def ollama_request(call: UpstreamCall, context_size: int | None, label: str) -> 
         "stream": call.stream,
         "options": options,
     }
+    tools = body.get("tools")
+    if tools and body.get("tool_choice") != "none":
+        request["tools"] = tools
     response_format = body.get("response_format")
     if isinstance(response_format, Mapping):
         if response_format.get("type") == "json_object":
@@ -132,8 +206,81 @@ def ollama_request(call: UpstreamCall, context_size: int | None, label: str) -> 
     return request
 
 
+def embed_request(call: UpstreamCall, label: str) -> dict[str, Any]:
+    """The ``/api/embed`` body of an OpenAI embeddings call (see the module docstring)."""
+    refuse_unhonoured(call, "ollama", label)
+    request: dict[str, Any] = {"model": call.target, "input": call.body["input"]}
+    dimensions = call.body.get("dimensions")
+    if dimensions is not None:
+        request["dimensions"] = dimensions
+    return request
+
+
+def _vector(values: object, base64_wanted: bool) -> object:
+    if not isinstance(values, list) or not all(_number(v) for v in values):
+        raise ValueError("an embedding is not an array of numbers")
+    if base64_wanted:
+        return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+    return values
+
+
+def embeddings_body(answer: object, call: UpstreamCall, usage: Usage, base64_wanted: bool) -> bytes:
+    """Ollama's ``/api/embed`` answer as an OpenAI embeddings list (raises ValueError when
+    it is not one)."""
+    vectors = answer.get("embeddings") if isinstance(answer, dict) else None
+    if not isinstance(vectors, list):
+        raise ValueError('the answer has no "embeddings" array')
+    given = call.body["input"]
+    expected = 1 if isinstance(given, str) else len(given)
+    if len(vectors) != expected:
+        raise ValueError(f"the answer has {len(vectors)} embeddings for {expected} inputs")
+    assert isinstance(answer, dict)
+    count = answer.get("prompt_eval_count")
+    if isinstance(count, int) and not isinstance(count, bool):
+        usage.prompt_tokens = count
+    prompt = usage.prompt_tokens or 0
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": index, "embedding": _vector(v, base64_wanted)}
+                for index, v in enumerate(vectors)
+            ],
+            "model": call.answer_model,
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+        }
+    )
+
+
 def _finish_reason(done_reason: object) -> str:
     return "length" if done_reason == "length" else "stop"
+
+
+def openai_tool_calls(calls: object, request_id: str, first: int) -> list[dict[str, Any]]:
+    """Ollama's ``message.tool_calls`` as OpenAI's (``first``: the index of the first one in
+    the answer, for generated ids); raises ValueError for one without a function name."""
+    if not isinstance(calls, list):
+        raise ValueError("message.tool_calls is not an array")
+    converted: list[dict[str, Any]] = []
+    for offset, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(function, dict) or not isinstance(name, str):
+            raise ValueError("a tool call has no function name")
+        arguments = function.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = orjson.dumps(arguments).decode()
+        call_id = call.get("id")
+        converted.append(
+            {
+                "id": call_id
+                if isinstance(call_id, str) and call_id
+                else f"call_{request_id}_{first + offset}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        )
+    return converted
 
 
 def _read_counts(final: Mapping[str, Any], usage: Usage) -> None:
@@ -159,9 +306,14 @@ class OllamaExecutor:
         return self._target.url("api/chat"), dumps(request)
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
-        """Ask for a whole answer and return it as a ``chat.completion``."""
+        """Ask for a whole answer and return it as a ``chat.completion`` (or, for
+        ``embeddings``, an embeddings list)."""
+        if call.endpoint == "embeddings":
+            return await self._embed(call)
         url, payload = self._prepare(call)
-        got = await post_for_body(self._backend, self._target, url, payload, call.headers)
+        got = await post_for_body(
+            self._backend, self._target, url, payload, call.headers, call.request_id
+        )
         if isinstance(got, UpstreamReply):
             return got
         try:
@@ -169,6 +321,8 @@ class OllamaExecutor:
             message = answer.get("message") if isinstance(answer, dict) else None
             if not isinstance(message, dict) or not isinstance(message.get("content"), str):
                 raise self._target.broken(url, "the answer has no message.content")
+            calls = message.get("tool_calls")
+            tool_calls = openai_tool_calls(calls, call.request_id, 0) if calls else None
         except Exception as exc:
             raise upstream_error(self._target, url, exc) from exc
         usage = Usage()
@@ -176,24 +330,48 @@ class OllamaExecutor:
         thinking = message.get("thinking")
         reply = chat_completion(
             call.request_id,
-            call.target,
+            call.answer_model,
             message["content"],
-            _finish_reason(answer.get("done_reason")),
+            "tool_calls" if tool_calls else _finish_reason(answer.get("done_reason")),
             usage,
             reasoning=thinking if isinstance(thinking, str) else None,
+            tool_calls=tool_calls,
         )
         return UpstreamReply(200, reply, usage)
 
+    async def _embed(self, call: UpstreamCall) -> UpstreamReply:
+        url = self._target.url("api/embed")
+        payload = dumps(embed_request(call, self._target.label))
+        got = await post_for_body(
+            self._backend, self._target, url, payload, call.headers, call.request_id
+        )
+        if isinstance(got, UpstreamReply):
+            return got
+        usage = Usage()
+        try:
+            body = embeddings_body(
+                orjson.loads(got), call, usage, call.body.get("encoding_format") == "base64"
+            )
+        except ValueError as exc:  # (orjson's decode error is one)
+            raise self._target.broken(url, str(exc)) from exc
+        return UpstreamReply(200, body, usage)
+
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
         """Ask for a streamed answer; once Ollama answers 200, translate its NDJSON lines."""
+        if call.endpoint == "embeddings":
+            return await self._embed(call)  # (an embedding is never streamed)
         url, payload = self._prepare(call)
-        opened = await post_for_stream(self._backend, self._target, url, payload, call.headers)
+        opened = await post_for_stream(
+            self._backend, self._target, url, payload, call.headers, call.request_id
+        )
         if isinstance(opened, UpstreamReply):
             return opened
         response, deadline = opened
         usage = Usage()
-        chunks = ChatChunks(call.request_id, call.target)
-        lines = _ChatLines(self._target, url, usage, chunks, include_usage(call.body))
+        chunks = ChatChunks(call.request_id, call.answer_model)
+        lines = _ChatLines(
+            self._target, url, usage, chunks, include_usage(call.body), call.request_id
+        )
         return relay_lines(response, self._target, url, deadline, lines, usage, chunks.role())
 
 
@@ -201,18 +379,35 @@ class _ChatLines:
     """Ollama's NDJSON stream lines as ``chat.completion.chunk`` frames; a
     :class:`~iop_edge.adapters.upstream_http.LineTranslator`."""
 
-    __slots__ = ("_chunks", "_target", "_url", "_usage", "_with_usage", "done")
+    __slots__ = (
+        "_calls",
+        "_chunks",
+        "_request_id",
+        "_target",
+        "_url",
+        "_usage",
+        "_with_usage",
+        "done",
+    )
 
     unfinished = 'the stream ended before the "done": true line'
 
     def __init__(
-        self, target: HttpTarget, url: str, usage: Usage, chunks: ChatChunks, with_usage: bool
+        self,
+        target: HttpTarget,
+        url: str,
+        usage: Usage,
+        chunks: ChatChunks,
+        with_usage: bool,
+        request_id: str,
     ) -> None:
         self._target = target
         self._url = url
         self._usage = usage
         self._chunks = chunks
         self._with_usage = with_usage
+        self._request_id = request_id
+        self._calls = 0  # tool calls sent so far
         self.done = False
 
     def translate(self, line: bytes) -> bytes:
@@ -242,10 +437,19 @@ class _ChatLines:
             content = message.get("content")
             if isinstance(content, str) and content:
                 frames += chunks.content(content)
+            calls = message.get("tool_calls")
+            if calls:
+                try:
+                    converted = openai_tool_calls(calls, self._request_id, self._calls)
+                except ValueError as exc:
+                    raise self._target.broken(self._url, str(exc)) from exc
+                frames += chunks.tool_calls(converted, self._calls)
+                self._calls += len(converted)
         if item.get("done") is True:
             self.done = True
             _read_counts(item, self._usage)
-            frames += chunks.finish(_finish_reason(item.get("done_reason")))
+            reason = "tool_calls" if self._calls else _finish_reason(item.get("done_reason"))
+            frames += chunks.finish(reason)
             if self._with_usage:
                 frames += chunks.usage(self._usage)
             frames += DONE_FRAME

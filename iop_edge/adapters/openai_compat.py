@@ -1,17 +1,24 @@
 """The ``openai_compat`` adapter: OpenAI requests passed through to an OpenAI-compatible server.
 
-- URL: ``{base_url}/chat/completions`` or ``{base_url}/completions``. The ``endpoint`` execution
-  field, when set, replaces the chat path: a path joined to ``base_url``
-  (``endpoint: /openai/v1/chat/completions``) or an absolute ``http(s)://`` URL.
-  ``completions`` always uses ``{base_url}/completions``.
-- Headers: ``Content-Type: application/json``, the ``headers`` execution field, then the call's
-  headers (provider auth), later ones winning; nothing else of the client's request.
-- Body: the client's body with ``model`` set to the target and ``stream`` to the call's; every
-  other field goes through untouched, serialised once. When the client streams without having
-  said whether it wants usage (no ``stream_options.include_usage``), usage is requested
-  upstream so it can be captured, and hidden again from the client: the usage-only final
-  chunk is not relayed and the ``"usage":null`` that upstreams add to every other chunk is
-  removed (compact form only; anything else is relayed as is).
+- URL: ``{base_url}/chat/completions``, ``{base_url}/completions`` or
+  ``{base_url}/embeddings``. The ``endpoint`` execution field, when set, replaces the chat path:
+  a path joined to ``base_url`` (``endpoint: /openai/v1/chat/completions``) or an absolute
+  ``http(s)://`` URL. The other two always use ``base_url``.
+- Headers: ``Content-Type: application/json``, the ``headers`` execution field, the call's
+  headers (provider auth), later ones winning, and ``x-request-id``; nothing else of the
+  client's request.
+- Body: the client's body with ``model`` set to the target and ``stream`` to the call's
+  (embeddings: ``model`` only); every other field goes through untouched, serialised once.
+- ``model`` in the answer: the model id the client asked for (:attr:`UpstreamCall.answer_model`),
+  not the upstream's name. The upstream's compact ``"model":"<name>"`` is replaced in the bytes
+  when it occurs once (one scan of the body or event, no re-encoding); any other spelling is
+  re-encoded from the parsed object, which is decoded anyway to be checked. (A stream event
+  without ``model`` is relayed without one.)
+- When the client streams without having said whether it wants usage (no
+  ``stream_options.include_usage``), usage is requested upstream so it can be captured, and
+  hidden again from the client: the usage-only final chunk is not relayed and the
+  ``"usage":null`` that upstreams add to every other chunk is removed (compact form only;
+  anything else is relayed as is).
 - Non-streaming: the upstream body is returned as is (bytes) once checked to be a JSON object;
   usage is read from it. Streaming: SSE events are relayed one by one as they arrive, each as
   ``data: <payload>\\n\\n`` (comments and ``event:``/``id:`` fields are dropped), until
@@ -52,6 +59,26 @@ from iop_edge.errors import AdapterError
 __all__ = ["OpenAICompatExecutor"]
 
 _USAGE_NULL: Final = b',"usage":null'
+_MODEL_KEY: Final = b'"model":'
+
+
+def with_model(raw: bytes, parsed: dict[str, Any], model: str) -> bytes:
+    """``raw`` (the JSON of ``parsed``) with its top-level ``model`` set to ``model``.
+
+    The upstream's ``"model":"<name>"`` is replaced in the bytes when the compact form occurs
+    exactly once (a ``"model":`` inside a string would be escaped, so a single occurrence is the
+    key); otherwise ``parsed`` is re-encoded. Nothing is done when the name already matches.
+    """
+    current = parsed.get("model")
+    if current == model:
+        return raw
+    if isinstance(current, str):
+        needle = _MODEL_KEY + orjson.dumps(current)
+        at = raw.find(needle)
+        if at >= 0 and raw.find(needle, at + 1) < 0:
+            return raw[:at] + _MODEL_KEY + orjson.dumps(model) + raw[at + len(needle) :]
+    parsed["model"] = model
+    return dumps(parsed)
 
 
 class OpenAICompatExecutor:
@@ -66,8 +93,8 @@ class OpenAICompatExecutor:
         self._chat_path = endpoint or "chat/completions"
 
     def _url(self, endpoint: Endpoint) -> str:
-        if endpoint == "completions":
-            return self._target.url("completions")
+        if endpoint != "chat/completions":
+            return self._target.url(endpoint)
         return self._chat_url or self._target.url(self._chat_path)
 
     def _payload(self, call: UpstreamCall) -> tuple[bytes, bool]:
@@ -76,6 +103,8 @@ class OpenAICompatExecutor:
         changes: dict[str, Any] = {}
         if body.get("model") != call.target:
             changes["model"] = call.target
+        if call.endpoint == "embeddings":
+            return dumps({**body, **changes} if changes else body), False
         if bool(body.get("stream", False)) is not call.stream:
             changes["stream"] = call.stream
         hide_usage = False
@@ -93,7 +122,9 @@ class OpenAICompatExecutor:
         """POST the call and return the upstream's JSON body as is, with its usage."""
         url = self._url(call.endpoint)
         payload, _ = self._payload(call)
-        got = await post_for_body(self._backend, self._target, url, payload, call.headers)
+        got = await post_for_body(
+            self._backend, self._target, url, payload, call.headers, call.request_id
+        )
         if isinstance(got, UpstreamReply):
             return got
         try:
@@ -104,13 +135,15 @@ class OpenAICompatExecutor:
             raise upstream_error(self._target, url, exc) from exc
         usage = Usage()
         read_usage(parsed.get("usage"), usage)
-        return UpstreamReply(200, got, usage)
+        return UpstreamReply(200, with_model(got, parsed, call.answer_model), usage)
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
         """POST the call; once the upstream answers 200, relay its SSE events as frames."""
         url = self._url(call.endpoint)
         payload, hide_usage = self._payload(call)
-        opened = await post_for_stream(self._backend, self._target, url, payload, call.headers)
+        opened = await post_for_stream(
+            self._backend, self._target, url, payload, call.headers, call.request_id
+        )
         if isinstance(opened, UpstreamReply):
             return opened
         response, deadline = opened
@@ -122,7 +155,7 @@ class OpenAICompatExecutor:
                 "request with a JSON body instead of an event stream",
             )
         usage = Usage()
-        events = _SseEvents(self._target, url, usage, hide_usage)
+        events = _SseEvents(self._target, url, usage, hide_usage, call.answer_model)
         return relay_lines(response, self._target, url, deadline, events, usage)
 
 
@@ -130,17 +163,33 @@ class _SseEvents:
     """The upstream's SSE events as ``data:`` frames, checked one by one, with the usage
     captured (and hidden when ours); a :class:`~iop_edge.adapters.upstream_http.LineTranslator`."""
 
-    __slots__ = ("_data", "_hide_usage", "_target", "_url", "_usage", "done")
+    __slots__ = (
+        "_data",
+        "_hide_usage",
+        "_model",
+        "_model_value",
+        "_renamed",
+        "_target",
+        "_url",
+        "_usage",
+        "done",
+    )
 
     unfinished = "the stream ended before data: [DONE]"
 
-    def __init__(self, target: HttpTarget, url: str, usage: Usage, hide_usage: bool) -> None:
+    def __init__(
+        self, target: HttpTarget, url: str, usage: Usage, hide_usage: bool, model: str
+    ) -> None:
         self._target = target
         self._url = url
         self._usage = usage
         self._hide_usage = hide_usage
         self._data: list[bytes] = []
         self.done = False
+        #: the answer's model, its JSON value, and (upstream value, its compact pair) last seen
+        self._model = model
+        self._model_value = _MODEL_KEY + orjson.dumps(model)
+        self._renamed: tuple[object, bytes] = (model, self._model_value)
 
     def translate(self, line: bytes) -> bytes:
         """The frame of the event this line ends, if any."""
@@ -180,4 +229,22 @@ class _SseEvents:
                 return b""
         if self._hide_usage and _USAGE_NULL in event:
             event = event.replace(_USAGE_NULL, b"")
+        current = chunk.get("model")
+        if current != self._model and current is not None:
+            event = self._rename(event, chunk, current)
         return b"data: " + event + b"\n\n"
+
+    def _rename(self, event: bytes, chunk: dict[str, Any], current: object) -> bytes:
+        """The event with the client's model: the upstream's compact ``"model":"<name>"``
+        replaced when it occurs once (its needle is kept for the next events: an upstream
+        names its model the same way in every chunk), else re-encoded."""
+        seen, needle = self._renamed
+        if current != seen and isinstance(current, str):
+            needle = _MODEL_KEY + orjson.dumps(current)
+            self._renamed = (current, needle)
+        if isinstance(current, str):
+            at = event.find(needle)
+            if at >= 0 and event.find(needle, at + 1) < 0:
+                return event[:at] + self._model_value + event[at + len(needle) :]
+        chunk["model"] = self._model
+        return dumps(chunk)

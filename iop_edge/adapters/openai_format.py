@@ -8,8 +8,8 @@ The normalized adapters (``ollama``, ``cli``) produce what the OpenAI API produc
   usage-only frame (``choices: []``) when the client set ``stream_options.include_usage``,
   then ``data: [DONE]``.
 
-``id`` is ``chatcmpl-<request id>`` and ``model`` the upstream target, as a passthrough
-upstream would name the model it served.
+``id`` is ``chatcmpl-<request id>`` and ``model`` the model id the client asked for
+(:attr:`~iop_edge.adapters.base.UpstreamCall.answer_model`), whichever provider answered.
 """
 
 from __future__ import annotations
@@ -127,9 +127,10 @@ def require_chat(call: UpstreamCall, label: str) -> list[Mapping[str, Any]]:
     message objects.
     """
     if call.endpoint != "chat/completions":
+        needs = "openai_compat" if call.endpoint == "completions" else "openai_compat or ollama"
         raise UnsupportedRequestError(
             f"{label} serves only /v1/chat/completions; /v1/{call.endpoint} needs an "
-            "openai_compat provider"
+            f"{needs} provider"
         )
     messages = call.body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
@@ -145,11 +146,17 @@ def chat_completion(
     usage: Usage,
     *,
     reasoning: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> bytes:
-    """A non-streaming ``chat.completion`` body."""
+    """A non-streaming ``chat.completion`` body (``content`` null when there are tool calls
+    and no text, as OpenAI answers)."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if reasoning:
         message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+        if not content:
+            message["content"] = None
     body: dict[str, Any] = {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion",
@@ -202,6 +209,12 @@ class ChatChunks:
     def reasoning(self, text: str) -> bytes:
         """A reasoning delta (``reasoning_content``, as vLLM and DeepSeek stream thinking)."""
         return self._head + b'{"reasoning_content":' + orjson.dumps(text) + b"}" + _OPEN_CHOICE_TAIL
+
+    def tool_calls(self, calls: list[dict[str, Any]], first: int) -> bytes:
+        """A delta with whole tool calls (each with its ``index`` in the answer, from
+        ``first``): Ollama sends a call complete, so its name and arguments come at once."""
+        delta = [{"index": first + offset, **call} for offset, call in enumerate(calls)]
+        return self._head + b'{"tool_calls":' + orjson.dumps(delta) + b"}" + _OPEN_CHOICE_TAIL
 
     def finish(self, reason: str) -> bytes:
         """The finish frame: an empty delta with ``finish_reason``."""

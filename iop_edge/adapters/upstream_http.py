@@ -151,13 +151,14 @@ class HttpTarget:
             )
         return f"{self.base_url}/{path.lstrip('/')}"
 
-    def request_headers(self, extra: Mapping[str, str]) -> CIMultiDictProxy[str] | CIMultiDict[str]:
-        """Content-Type, then the configured ``headers``, then the call's (later wins)."""
-        if not extra:
-            return self.headers  # the common case: no per-call copy
+    def request_headers(self, extra: Mapping[str, str], request_id: str = "") -> CIMultiDict[str]:
+        """Content-Type, then the configured ``headers``, then the call's (later wins), then
+        ``x-request-id`` (the edge's request id, when given)."""
         merged: CIMultiDict[str] = CIMultiDict(self.headers)
         for name, value in extra.items():
             merged[name] = value
+        if request_id:
+            merged["x-request-id"] = request_id
         return merged
 
     def broken(self, url: str, reason: str) -> AdapterError:
@@ -427,7 +428,12 @@ async def probe(
 
 
 async def post_for_body(
-    backend: HttpBackend, target: HttpTarget, url: str, payload: bytes, extra: Mapping[str, str]
+    backend: HttpBackend,
+    target: HttpTarget,
+    url: str,
+    payload: bytes,
+    extra: Mapping[str, str],
+    request_id: str = "",
 ) -> bytes | UpstreamReply:
     """POST ``payload`` and read the whole body of a 200; an upstream error status (400–599)
     comes back as an :class:`UpstreamReply` in the OpenAI envelope. Failures — any other
@@ -444,7 +450,7 @@ async def post_for_body(
             response = await backend.session().post(
                 parsed_url(url),
                 data=payload,
-                headers=target.request_headers(extra),
+                headers=target.request_headers(extra, request_id),
                 allow_redirects=False,
             )
             if response.status != 200:
@@ -464,7 +470,12 @@ async def post_for_body(
 
 
 async def post_for_stream(
-    backend: HttpBackend, target: HttpTarget, url: str, payload: bytes, extra: Mapping[str, str]
+    backend: HttpBackend,
+    target: HttpTarget,
+    url: str,
+    payload: bytes,
+    extra: Mapping[str, str],
+    request_id: str = "",
 ) -> tuple[aiohttp.ClientResponse, float] | UpstreamReply:
     """POST ``payload`` for a streamed answer: the open 200 response (the caller reads and closes
     it) with the call's deadline, or the upstream's error status (400–599) as an
@@ -476,7 +487,7 @@ async def post_for_stream(
             response = await backend.session().post(
                 parsed_url(url),
                 data=payload,
-                headers=target.request_headers(extra),
+                headers=target.request_headers(extra, request_id),
                 allow_redirects=False,
             )
             if response.status != 200:

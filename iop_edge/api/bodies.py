@@ -11,7 +11,8 @@ prompt (``[1, 2, 3]``, or ``[[1, 2], [3]]`` for a batch) counts as one token; ``
 costs one pass over the text, is monotone in text length, and lands near real tokenizers: about
 4 characters per token for English, about one token per character for Korean or Chinese (3
 bytes each) — and exactly right for token ids. (Counting ids as nothing would let a client
-send a long context in a general slot.)
+send a long context in a general slot.) For ``/v1/embeddings`` the text is the ``input`` (a
+string, strings, token ids or token-id lists, counted as for a completions prompt); ``M`` = 0.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import orjson
 from iop_edge.api.catalog import ModelEntry
 from iop_edge.errors import RequestError
 
-Endpoint = Literal["chat/completions", "completions"]
+Endpoint = Literal["chat/completions", "completions", "embeddings"]
 MAX_TOKEN_FIELDS: Final = ("max_completion_tokens", "max_tokens")
 THINKING_FIELD: Final = "thinking_token_budget"
 PER_MESSAGE_TOKENS: Final = 3
@@ -75,15 +76,53 @@ def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
                     f"'messages[{index}].tool_calls' must be an array, not {calls!r:.40}.",
                     f"messages[{index}].tool_calls",
                 )
-    else:
+    elif endpoint == "completions":
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list):
             raise _bad("'prompt' is required and must be a string or an array.", "prompt")
+    else:
+        _check_input(body.get("input"))
+        return body  # (no generation fields: nothing is generated)
     for name in (*MAX_TOKEN_FIELDS, THINKING_FIELD):
         value = body.get(name)
         if value is not None and (type(value) is not int or value < 0):
             raise _bad(f"'{name}' must be a non-negative integer, not {value!r}.", name)
     return body
+
+
+def _check_input(value: Any) -> None:
+    """``input`` of ``/v1/embeddings``: a non-empty string, or a non-empty array of non-empty
+    strings, of token ids, or of non-empty token-id arrays (OpenAI's rules)."""
+    if isinstance(value, str):
+        if value:
+            return
+    elif isinstance(value, list) and value:
+        first = value[0]
+        if isinstance(first, str):
+            bad = next((i for i, v in enumerate(value) if not isinstance(v, str) or not v), None)
+        elif type(first) is int:
+            bad = next((i for i, v in enumerate(value) if type(v) is not int), None)
+        else:
+            bad = next(
+                (
+                    i
+                    for i, v in enumerate(value)
+                    if not isinstance(v, list) or not v or any(type(t) is not int for t in v)
+                ),
+                None,
+            )
+        if bad is None:
+            return
+        raise _bad(
+            f"'input[{bad}]' must be of the same kind as input[0]: a non-empty string, a token "
+            f"id, or a non-empty array of token ids (not {value[bad]!r:.40}).",
+            "input",
+        )
+    raise _bad(
+        "'input' is required and must be a non-empty string or a non-empty array of strings or "
+        f"token ids (not {value!r:.40}).",
+        "input",
+    )
 
 
 def _text_bytes(value: Any) -> int:
@@ -118,8 +157,8 @@ def _prompt_tokens(prompt: Any) -> int:
 
 def estimate_input_tokens(body: dict[str, Any], endpoint: Endpoint) -> int:
     """The documented estimate of a request's input tokens (see the module docstring)."""
-    if endpoint == "completions":
-        return _prompt_tokens(body.get("prompt"))
+    if endpoint != "chat/completions":
+        return _prompt_tokens(body.get("prompt" if endpoint == "completions" else "input"))
     total = 0
     messages = body["messages"]
     for message in messages:
@@ -167,8 +206,13 @@ def prepare(
 ) -> PreparedRequest:
     """Policy, estimate, context check and long-context class for a parsed body.
 
-    ``model`` is None for a model route (no group policy, no context window).
+    ``model`` is None for a model route (no group policy, no context window). An embeddings
+    request gets no generation policy and no context check (each input is embedded on its own,
+    and the upstream knows its model's limit); its estimate still classes it long-context.
     """
+    if endpoint == "embeddings":
+        estimate = estimate_input_tokens(body, endpoint)
+        return PreparedRequest(body, False, estimate, None, estimate > threshold)
     max_tokens = apply_generation_policy(body, model) if model is not None else None
     if model is None:
         max_tokens = next((body[n] for n in MAX_TOKEN_FIELDS if body.get(n) is not None), None)

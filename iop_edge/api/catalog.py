@@ -3,17 +3,23 @@
 A refresh builds a new :class:`Catalog` and swaps it in together with the scheduler's new
 policy, in one step of the event loop, so no request sees half a config. Pure: built from an
 effective config, no I/O.
+
+``GET /v1/models`` lists the model groups with at least one enabled provider, and every model
+route. A model's ``created`` is the Unix time this process first loaded its id (the caller
+keeps those times across refreshes, see :func:`build_catalog`): stable across reloads, and a
+model a refresh adds is newer than the ones loaded at start, as a client sorting by
+``created`` expects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import orjson
 
-from iop_edge.config.policy import passthrough_providers
+from iop_edge.config.policy import EMBEDDING_TYPES
 from iop_edge.config.schema import EdgeConfig, ModelGroup
 
 
@@ -31,11 +37,18 @@ class ModelEntry:
     targets: Mapping[str, str]
     #: True when at least one provider is OpenAI-compatible (``/v1/completions`` needs one)
     serves_completions: bool
+    #: True when at least one provider is ``openai_compat`` or ``ollama`` (``/v1/embeddings``)
+    serves_embeddings: bool = False
+    #: the runtime types of its providers (``openai_compat``, ``ollama``, ``cli``)
+    kinds: frozenset[str] = frozenset({"openai_compat"})
+    #: True when a provider is not ``openai_compat``: its requests' fields are checked
+    normalized: bool = False
 
     @classmethod
-    def from_group(cls, group: ModelGroup, passthrough: set[str]) -> ModelEntry:
+    def from_group(cls, group: ModelGroup, types: Mapping[str, str]) -> ModelEntry:
         """Build from an effective config's model group (targets already resolved);
-        ``passthrough`` holds the ids of the config's ``openai_compat`` providers."""
+        ``types`` maps every provider id of the config to its runtime type."""
+        kinds = frozenset(types[ref.id] for ref in group.providers)
         return cls(
             id=group.id,
             display_name=group.display_name,
@@ -44,7 +57,10 @@ class ModelEntry:
             min_max_tokens=group.min_max_tokens,
             default_thinking_token_budget=group.default_thinking_token_budget,
             targets=MappingProxyType({ref.id: ref.target or ref.id for ref in group.providers}),
-            serves_completions=any(ref.id in passthrough for ref in group.providers),
+            serves_completions="openai_compat" in kinds,
+            serves_embeddings=not kinds.isdisjoint(EMBEDDING_TYPES),
+            kinds=kinds,
+            normalized=kinds != {"openai_compat"},
         )
 
 
@@ -67,8 +83,8 @@ class Catalog:
     long_context_threshold_tokens: int
     #: provider id → node id (every provider, enabled or not)
     provider_nodes: Mapping[str, str]
-    #: Unix time the catalog was built (the ``created`` of every model object)
-    created: int
+    #: the listed model and route ids → their ``created`` (Unix time first loaded)
+    listed: Mapping[str, int]
     models_body: bytes = field(repr=False)
     #: ``provider_pool.fair_share``: whose share a request counts in (see :meth:`share_of`)
     fair_share: str = "principal"
@@ -92,12 +108,30 @@ class Catalog:
         return self.allowed_bodies.get(ref, self.models_body)
 
     def model_body(self, model_id: str) -> bytes | None:
-        """The ``GET /v1/models/{id}`` body, or None for an unknown id."""
-        model = self.models.get(model_id)
-        if model is None and model_id not in self.routes:
+        """The ``GET /v1/models/{id}`` body, or None for an id that is not listed (unknown, or
+        a group without an enabled provider)."""
+        created = self.listed.get(model_id)
+        if created is None:
             return None
+        model = self.models.get(model_id)
         display = model.display_name if model else None
-        return orjson.dumps(_model_object(model_id, display, self.created))
+        return orjson.dumps(_model_object(model_id, display, created))
+
+
+class LoadTimes:
+    """The ``created`` of each model id: the Unix time this process first loaded it (kept
+    for the process's life, so refreshes do not change it). Reads the wall clock once per new
+    id, at catalog build time; never on the request path."""
+
+    def __init__(self, wall_clock: Callable[[], float]) -> None:
+        self._wall_clock = wall_clock
+        self._first: dict[str, int] = {}
+
+    def __call__(self, model_id: str) -> int:
+        created = self._first.get(model_id)
+        if created is None:
+            created = self._first[model_id] = int(self._wall_clock())
+        return created
 
 
 def _model_object(model_id: str, display_name: str | None, created: int) -> dict[str, object]:
@@ -112,17 +146,23 @@ def _model_object(model_id: str, display_name: str | None, created: int) -> dict
     return obj
 
 
-def build_catalog(config: EdgeConfig, created: int = 0) -> Catalog:
-    """The catalog of an effective config; ``created`` is the Unix time to report for models."""
-    passthrough = passthrough_providers(config)
-    models = {group.id: ModelEntry.from_group(group, passthrough) for group in config.models}
+def build_catalog(config: EdgeConfig, created: Callable[[str], int] = lambda _: 0) -> Catalog:
+    """The catalog of an effective config. ``created(id)`` is the Unix time to report for a
+    listed model or route id (the server gives the time it first loaded the id)."""
+    types = {p.id: p.type for n in config.nodes for p in n.providers}
+    enabled = {p.id for n in config.nodes for p in n.providers if p.enabled}
+    models = {group.id: ModelEntry.from_group(group, types) for group in config.models}
     routes = {
         r.model: RouteEntry(model=r.model, node_id=r.node or "", adapter=r.adapter, target=r.target)
         for r in config.openai.model_routes
     }
-    listing = [_model_object(g.id, g.display_name, created) for g in config.models] + [
-        _model_object(r.model, None, created) for r in config.openai.model_routes
-    ]
+    listed = {
+        g.id: created(g.id) for g in config.models if any(r.id in enabled for r in g.providers)
+    }
+    listed.update((r.model, created(r.model)) for r in config.openai.model_routes)
+    listing = [
+        _model_object(g.id, g.display_name, listed[g.id]) for g in config.models if g.id in listed
+    ] + [_model_object(r.model, None, listed[r.model]) for r in config.openai.model_routes]
     allowed = {
         p.ref: frozenset(p.models) for p in config.provider_pool.principals if p.models is not None
     }
@@ -135,7 +175,7 @@ def build_catalog(config: EdgeConfig, created: int = 0) -> Catalog:
         routes=MappingProxyType(routes),
         long_context_threshold_tokens=config.long_context_threshold_tokens,
         provider_nodes=MappingProxyType({p.id: n.id for n in config.nodes for p in n.providers}),
-        created=created,
+        listed=MappingProxyType(listed),
         models_body=orjson.dumps({"object": "list", "data": listing}),
         fair_share=config.provider_pool.fair_share,
         allowed=MappingProxyType(allowed),

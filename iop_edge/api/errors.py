@@ -12,6 +12,9 @@
 | POST whose body is not declared JSON        | 415    | ``unsupported_media_type`` |
 | unknown model                               | 404    | ``model_not_found``        |
 | malformed body / bad field                  | 400    | ``invalid_request_error``  |
+| no provider of the model serves the endpoint | 400   | ``unsupported_endpoint``   |
+| a field no provider of the model honours    | 400    | ``unsupported_parameter``  |
+| unknown path / known path, other method     | 404/405 | ``unknown_url`` / ``method_not_allowed`` |
 | input + max tokens over the context window  | 400    | ``context_length_exceeded`` |
 | body over ``openai.max_body_bytes``         | 413    | ``request_too_large``      |
 | queue full                                  | 429    | ``queue_full`` (+ Retry-After) |

@@ -71,6 +71,7 @@ class RequestRecord:
             "duration_ms": round(self.duration * 1000, 3),
             "prompt_tokens": self.usage.prompt_tokens,
             "completion_tokens": self.usage.completion_tokens,
+            "usage_estimated": self.usage.estimated,
             "error": self.error,
             "attempts": self.attempts,
             "failed_over": [f"{f[0]}/{f[1]}: {f[2]}" for f in self.failovers] or None,

@@ -1,15 +1,22 @@
 """The OpenAI-compatible HTTP surface (aiohttp).
 
-``POST /v1/chat/completions`` and ``POST /v1/completions``: authenticate, read and check the body,
-resolve the model (a ``models[]`` group through the scheduler, or a fixed ``model_routes[]``
-entry), apply the generation policy, admit, execute on the provider's adapter, relay the answer,
-release the lease exactly once, and record one log line. An attempt that fails before the
-client got a byte (a connect error, a timeout before the response head, HTTP 429/500/502/503/
-504, a CLI that could not start or exited before any output) fails over to a provider the
-request has not tried (:meth:`AdmissionScheduler.failover`), up to
+``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST /v1/embeddings``:
+authenticate, read and check the body, resolve the model (a ``models[]`` group through the
+scheduler, or a fixed ``model_routes[]`` entry), apply the generation policy, admit into the
+providers of the group that serve the endpoint and honour the request's fields, execute on the
+provider's adapter, relay the answer, release the lease exactly once, and record one log line.
+An attempt that fails before the client got a byte (a connect error, a timeout before the
+response head, HTTP 429/500/502/503/504, a CLI that could not start or exited before any output)
+fails over to a provider the request has not tried (:meth:`AdmissionScheduler.failover`), up to
 ``provider_pool.failover.max_attempts``; every attempt's outcome feeds its provider's health.
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /healthz`` and ``GET /readyz`` answer from
-the current catalog.
+the current catalog. Any other path or method answers 404 ``unknown_url`` / 405
+``method_not_allowed`` (with ``Allow``) in the OpenAI envelope, logged and counted like a request
+(model ``(unknown)``).
+
+Every answer carries ``x-request-id``: the client's when it is 1-128 characters of
+``A-Z a-z 0-9 . _ : -``, else a generated one (never an error); the same id is in the request's
+log line and goes upstream.
 
 Client disconnects cancel the handler (the runner is built with ``handler_cancellation``): a
 queued request leaves the queue, an upstream call is aborted (a CLI process group killed), and
@@ -19,6 +26,7 @@ the lease is released on the way out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import itertools
@@ -38,11 +46,12 @@ from iop_edge.adapters.base import (
     UpstreamReply,
     UpstreamStream,
 )
+from iop_edge.adapters.fields import refusal
 from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, Lease
 from iop_edge.api.auth import Authenticator, ProviderAuthForwarder
 from iop_edge.api.bodies import Endpoint, parse_body, prepare
-from iop_edge.api.catalog import Catalog, build_catalog
+from iop_edge.api.catalog import Catalog, LoadTimes, ModelEntry, build_catalog
 from iop_edge.api.errors import client_message, describe, error_headers
 from iop_edge.api.guard import (
     Cors,
@@ -52,7 +61,13 @@ from iop_edge.api.guard import (
     require_json_body,
 )
 from iop_edge.api.record import RequestObserver, RequestRecord
-from iop_edge.config.policy import completions_group, route_group
+from iop_edge.config.policy import (
+    EMBEDDING_TYPES,
+    capable_group,
+    completions_group,
+    embeddings_group,
+    route_group,
+)
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
 from iop_edge.envelope import envelope
@@ -109,7 +124,9 @@ class OpenAIServer:
         write_request_line: RequestLineWriter | None = None,
         observers: Iterable[RequestObserver] = (),
     ) -> None:
-        self.catalog: Catalog = build_catalog(config, created=int(time.time()))
+        #: when this process first loaded each model id (the ``created`` of /v1/models)
+        self.load_times = LoadTimes(time.time)
+        self.catalog: Catalog = build_catalog(config, created=self.load_times)
         self.scheduler = scheduler
         self.adapters = adapters
         self.clock = clock
@@ -141,6 +158,8 @@ class OpenAIServer:
         #: set by the daemon when a drain runs out: the requests it cancels log 503
         #: ``drain_timeout`` rather than 499 ``client_gone``
         self.cutting = False
+        #: the routes build_app added (what a 405's Allow is computed from)
+        self._known: tuple[web.AbstractResource, ...] = ()
 
     def swap_catalog(self, catalog: Catalog) -> None:
         """Serve new requests from ``catalog`` (requests in flight keep the one they started
@@ -155,27 +174,79 @@ class OpenAIServer:
         app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model_id:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        self._known = tuple(app.router.resources())
         if self.guard.allowed_origins:
             cors = Cors(self.guard, self.provider_auth.from_header)
             app.router.add_route("OPTIONS", "/v1/{path:.*}", cors.preflight)
             app.on_response_prepare.append(cors.allow)
+        # Last, and indexed under "/": aiohttp tries it only after every other route failed
+        # to match, so it costs the known routes nothing.
+        app.router.add_route("*", "/{path:.*}", self.unknown_route)
         return app
 
     # -- small endpoints ---------------------------------------------------------------------
 
     async def healthz(self, request: web.Request) -> web.Response:
         """Liveness: the process answers."""
-        return web.Response(body=b'{"status":"ok"}', content_type=_JSON)
+        return web.Response(
+            body=b'{"status":"ok"}',
+            content_type=_JSON,
+            headers={"x-request-id": _request_id(request)},
+        )
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Readiness: the config is loaded and the listeners are bound."""
+        headers = {"x-request-id": _request_id(request)}
         if self.ready:
-            return web.Response(body=b'{"status":"ready"}', content_type=_JSON)
-        return web.Response(body=b'{"status":"starting"}', status=503, content_type=_JSON)
+            return web.Response(body=b'{"status":"ready"}', content_type=_JSON, headers=headers)
+        return web.Response(
+            body=b'{"status":"starting"}', status=503, content_type=_JSON, headers=headers
+        )
+
+    async def unknown_route(self, request: web.Request) -> web.Response:
+        """Any path or method no route serves: 404 ``unknown_url``, or 405
+        ``method_not_allowed`` with ``Allow`` when the path is served with other methods; in
+        the OpenAI envelope, logged (method and path, cut at 200 characters) and counted under
+        the model ``(unknown)`` — never the path as a label."""
+        record = RequestRecord(_request_id(request), "(unknown)", self.clock.now())
+        with contextlib.suppress(IopEdgeError):  # (attribution only: the answer is the same)
+            record.principal = self.auth.authenticate(request.headers.get("Authorization"))
+        allowed: set[str] = set()
+        for resource in self._known:
+            _, methods = await resource.resolve(request)
+            allowed |= methods
+        method, path = request.method, request.path
+        shown = path if len(path) <= 200 else path[:197] + "..."
+        headers = {"x-request-id": record.request_id}
+        if allowed:
+            record.status, record.code = 405, "method_not_allowed"
+            allow = ", ".join(sorted(allowed))
+            headers["Allow"] = allow
+            message = f"The method {method} is not allowed on {shown}; it allows {allow}."
+        else:
+            record.status, record.code = 404, "unknown_url"
+            message = (
+                f"Unknown request URL: {method} {shown}. This edge serves POST "
+                "/v1/chat/completions, /v1/completions and /v1/embeddings, and GET /v1/models."
+            )
+        record.error = message
+        record.duration = self.clock.now() - record.started
+        self.write_request_line(
+            {"endpoint": None, "method": method[:16], "path": shown, **record.log_fields()}
+        )
+        for observe in self.observers:
+            observe(record)
+        return web.Response(
+            body=envelope(message, record.code, status=record.status),
+            status=record.status,
+            content_type=_JSON,
+            headers=headers,
+        )
 
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /v1/models``: every model group and model route the caller may use."""
@@ -216,6 +287,10 @@ class OpenAIServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/completions`` (served by passthrough providers only)."""
         return await self._serve(request, "completions")
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/embeddings`` (served by ``openai_compat`` and ``ollama`` providers)."""
+        return await self._serve(request, "embeddings")
 
     async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         record = RequestRecord(_request_id(request), endpoint, self.clock.now())
@@ -297,7 +372,7 @@ class OpenAIServer:
                 guard.body_received()
         body = parse_body(raw, endpoint)
         record.model = model_id = body["model"]
-        record.stream = bool(body.get("stream"))
+        record.stream = endpoint != "embeddings" and bool(body.get("stream"))
         upstream_headers = self.provider_auth.upstream_headers(request.headers)
         catalog = self.catalog
         principal = record.principal
@@ -332,6 +407,8 @@ class OpenAIServer:
                     prepared.stream,
                     upstream_headers,
                     record.request_id,
+                    model_id,
+                    prepared.estimated_input_tokens,
                 )
                 answer = await self._execute(
                     request, record, self.adapters.route(route.node_id, route.adapter), call
@@ -341,16 +418,7 @@ class OpenAIServer:
 
         record.resolved = True
         prepared = prepare(body, endpoint, model, catalog.long_context_threshold_tokens)
-        group = model.id
-        if endpoint == "completions":
-            if not model.serves_completions:
-                raise RequestError(
-                    "invalid_request_error",
-                    f"The model '{model.id}' has no OpenAI-compatible provider, so it does not "
-                    "serve /v1/completions; use /v1/chat/completions.",
-                    param="model",
-                )
-            group = completions_group(model.id)
+        group = _group_for(model, endpoint, body)
         lease: Lease | None = await self.scheduler.admit(
             group,
             long_context=prepared.long_context,
@@ -374,6 +442,8 @@ class OpenAIServer:
                     prepared.stream,
                     upstream_headers,
                     record.request_id,
+                    model_id,
+                    prepared.estimated_input_tokens,
                 )
                 executor = self.adapters.provider(lease.node_id, lease.provider_id)
                 attempt = await self._execute(request, record, executor, call, lease)
@@ -578,6 +648,56 @@ class OpenAIServer:
         self.write_request_line({"endpoint": record.endpoint, **record.log_fields()})
         for observe in self.observers:
             observe(record)
+
+
+def _group_for(model: ModelEntry, endpoint: Endpoint, body: Mapping[str, object]) -> str:
+    """The scheduler group a request of ``model`` is admitted into: the providers that serve
+    ``endpoint`` (``completions``: ``openai_compat``; ``embeddings``: ``openai_compat`` and
+    ``ollama``) and honour every field of ``body`` (see :mod:`iop_edge.adapters.fields`).
+    Raises a 400 naming the model when no provider of it serves the endpoint, or naming the
+    field when none honours it. A group of ``openai_compat`` providers only costs no check."""
+    if endpoint == "completions":
+        if not model.serves_completions:
+            raise _unsupported_endpoint(model, endpoint, "it has no openai_compat provider")
+        return completions_group(model.id)
+    if endpoint == "embeddings":
+        if not model.serves_embeddings:
+            raise _unsupported_endpoint(
+                model, endpoint, "its providers are all cli, which cannot embed"
+            )
+        group, kinds = embeddings_group(model.id), model.kinds & EMBEDDING_TYPES
+    else:
+        group, kinds = model.id, model.kinds
+    if not model.normalized:
+        return group
+    refused: dict[str, tuple[str, str]] = {}
+    for kind in kinds:
+        found = refusal(kind, endpoint, body)
+        if found is not None:
+            refused[kind] = found
+    if not refused:
+        return group
+    capable = kinds - refused.keys()
+    if capable:
+        return capable_group(model.id, capable)
+    field = (refused.get("ollama") or refused["cli"])[0]
+    reasons = "; ".join(f"its {kind} providers: '{f}': {why}" for kind, (f, why) in refused.items())
+    raise RequestError(
+        "unsupported_parameter",
+        f"No provider of the model '{model.id}' can honour this request ({reasons}). Leave the "
+        "field out, or use a model with an openai_compat provider.",
+        param=field,
+    )
+
+
+def _unsupported_endpoint(model: ModelEntry, endpoint: Endpoint, why: str) -> RequestError:
+    other = "/v1/chat/completions" if endpoint != "chat/completions" else "another endpoint"
+    return RequestError(
+        "unsupported_endpoint",
+        f"The model '{model.id}' does not serve /v1/{endpoint}: {why}. Use {other}, or a "
+        "model with a provider that serves it.",
+        param="model",
+    )
 
 
 def _failure_code(error: AdapterError | UpstreamReply) -> str:

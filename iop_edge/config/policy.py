@@ -10,8 +10,12 @@ from iop_edge.config.schema import EdgeConfig
 from iop_edge.pool import ANONYMOUS, HealthPolicy, PoolPolicy, ProviderPolicy
 
 __all__ = [
+    "EMBEDDING_TYPES",
     "ROUTE_UNBOUNDED",
+    "capable_group",
     "completions_group",
+    "embedding_providers",
+    "embeddings_group",
     "known_principals",
     "passthrough_providers",
     "pool_policy",
@@ -33,6 +37,32 @@ def completions_group(model_id: str) -> str:
     (``openai_compat``) providers only, sharing their slots with the chat group. The brackets
     cannot appear in a model id, so the name never collides."""
     return f"{model_id}[completions]"
+
+
+EMBEDDING_TYPES = frozenset({"openai_compat", "ollama"})
+"""The runtime types that serve ``/v1/embeddings`` (a ``cli`` provider cannot)."""
+
+
+def embedding_providers(config: EdgeConfig) -> set[str]:
+    """The ids of the providers that serve ``/v1/embeddings``: ``openai_compat`` and ``ollama``."""
+    return {p.id for n in config.nodes for p in n.providers if p.type in EMBEDDING_TYPES}
+
+
+def embeddings_group(model_id: str) -> str:
+    """The scheduler group of a model's ``openai_compat`` and ``ollama`` providers (sharing
+    their slots with the chat group): its ``/v1/embeddings`` requests, and the chat requests
+    that its ``cli`` providers cannot honour (tools, sampling fields)."""
+    return f"{model_id}[embeddings]"
+
+
+def capable_group(model_id: str, capable: frozenset[str]) -> str:
+    """The scheduler group of the providers of ``model_id`` whose runtime type is in
+    ``capable`` — the types that honour a request, always ``openai_compat`` alone or with
+    ``ollama`` when some type of the model refuses it (what ``cli`` honours, ``ollama`` does:
+    see :mod:`iop_edge.adapters.fields`)."""
+    if "ollama" in capable:
+        return embeddings_group(model_id)
+    return completions_group(model_id)
 
 
 def route_group(model: str) -> str:
@@ -60,9 +90,11 @@ def known_principals(config: EdgeConfig) -> tuple[str, ...]:
 
 def pool_policy(config: EdgeConfig) -> PoolPolicy:
     """The scheduler's policy from an effective config: every provider, every model group, and
-    for each model with passthrough providers its :func:`completions_group`."""
+    for each model with passthrough providers its :func:`completions_group`, and with
+    embedding providers its :func:`embeddings_group`."""
     nodes_of = {p.id: n.id for n in config.nodes for p in n.providers}
     passthrough = passthrough_providers(config)
+    embedding = embedding_providers(config)
     pool = config.provider_pool
     health = pool.health
     groups = {g.id: tuple((nodes_of[r.id], r.id) for r in g.providers) for g in config.models}
@@ -70,6 +102,9 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
         keys = tuple((nodes_of[r.id], r.id) for r in g.providers if r.id in passthrough)
         if keys:
             groups[completions_group(g.id)] = keys
+        keys = tuple((nodes_of[r.id], r.id) for r in g.providers if r.id in embedding)
+        if keys:
+            groups[embeddings_group(g.id)] = keys
     # A model route is admitted as a group of one provider of its own: its capacity (live),
     # no long-context slots, no health check (its outcomes are not reported).
     routes = tuple(

@@ -18,6 +18,16 @@ Endpoints, as Ollama serves them:
   message. ``options`` are honoured as far as a fake can: ``num_predict`` caps the chunks
   (``done_reason: length``) and ``stop`` cuts the text; ``temperature``, ``top_p`` and
   ``num_ctx`` are only recorded (every request body is in :attr:`FakeUpstream.requests`).
+- Tools, as a model that always uses them: a chat request with ``tools`` whose last message is
+  not a ``tool`` result answers with one call of the first tool, ``arguments`` an object that
+  gives its first required parameter (else its first one, else ``input``) the last user
+  message's text, empty ``content`` and ``done_reason: stop``; streamed, the call comes in one
+  ``done: false`` line before the final one. After a ``tool`` message the answer is ``the tool
+  said: <its content>``.
+- ``POST /api/embed``: ``input`` a string or an array of strings (anything else is a 400);
+  ``{"model", "embeddings": [[...], ...], "total_duration", "load_duration",
+  "prompt_eval_count"}``, each vector :func:`~iop_edge.testing.fake_upstream.fake_embedding`
+  of its input, ``dimensions`` long when asked; ``prompt_eval_count`` counts words.
 - ``GET /api/tags`` (the models), ``GET /api/version``, and ``GET /`` ("Ollama is running").
 
 Errors are Ollama's ``{"error": "message"}`` with the status; an in-stream error (the ``error``
@@ -42,9 +52,11 @@ from aiohttp import web
 
 from iop_edge.testing.fake_behavior import DEFAULT_BEHAVIOR, FakeBehavior
 from iop_edge.testing.fake_upstream import (
+    FAKE_EMBEDDING_DIMENSIONS,
     FakeUpstream,
     RejectedRequest,
     count_words,
+    fake_embedding,
     last_user_text,
     serve_main,
     shape_reply,
@@ -83,6 +95,7 @@ class FakeOllama(FakeUpstream):
 
     def _add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_post("/api/chat", self._generation(self._chat))
+        router.add_post("/api/embed", self._generation(self._embed))
         router.add_get("/api/tags", self._tags)
         router.add_get("/api/version", self._version)
         router.add_get("/", self._root)
@@ -145,8 +158,12 @@ class FakeOllama(FakeUpstream):
             return web.Response()
         if behavior.status != 200:
             return self._failure(behavior)
+        tool_call = _tool_call(body.get("tools"), messages, prompt)
+        last = messages[-1] if isinstance(messages, list) and messages else None
+        if isinstance(last, dict) and last.get("role") == "tool":
+            prompt = f"the tool said: {last.get('content')}"
         pieces, finish = shape_reply(
-            prompt if behavior.reply is None else behavior.reply,
+            "" if tool_call else prompt if behavior.reply is None else behavior.reply,
             behavior.chunks,
             max_tokens=options.get("num_predict"),
             stop=options.get("stop"),
@@ -169,6 +186,8 @@ class FakeOllama(FakeUpstream):
         }
         if body.get("stream", True) is False:
             final["message"]["content"] = "".join(pieces)
+            if tool_call:
+                final["message"]["tool_calls"] = [tool_call]
             return await self._body(
                 request,
                 behavior,
@@ -183,6 +202,10 @@ class FakeOllama(FakeUpstream):
             + b'","message":{"role":"assistant","content":'
         )
         frames = [head + orjson.dumps(piece) + b'},"done":false}\n' for piece in pieces]
+        if tool_call:
+            frames.append(
+                head + b'"","tool_calls":' + orjson.dumps([tool_call]) + b'},"done":false}\n'
+            )
         frames.append(orjson.dumps(final) + b"\n")
         return await self._stream(
             request,
@@ -192,6 +215,57 @@ class FakeOllama(FakeUpstream):
             malformed=head + b'"unterminated\n',
             error=orjson.dumps({"error": behavior.error_message}) + b"\n",
         )
+
+    async def _embed(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter_ns()
+        body = await self._read_json(request)
+        given = body.get("input")
+        texts = [given] if isinstance(given, str) else given
+        behavior, _ = self._resolve(
+            request, body, texts[-1] if isinstance(texts, list) and texts else ""
+        )
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise RejectedRequest(400, "model is required")
+        if self.strict_models and not self._known(model):
+            raise RejectedRequest(404, f'model "{model}" not found, try pulling it first')
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise RejectedRequest(400, "invalid input type")
+        dimensions = body.get("dimensions") or FAKE_EMBEDDING_DIMENSIONS
+        if not await self._before_answer(request, behavior):
+            return web.Response()
+        if behavior.status != 200:
+            return self._failure(behavior)
+        elapsed = time.perf_counter_ns() - started
+        answer = {
+            "model": model,
+            "embeddings": [fake_embedding(text, dimensions) for text in texts],
+            "total_duration": elapsed,
+            "load_duration": 0,
+            "prompt_eval_count": sum(len(text.split()) for text in texts),
+        }
+        return await self._body(
+            request, behavior, orjson.dumps(answer), content_type="application/json"
+        )
+
+
+def _tool_call(tools: object, messages: object, prompt: str) -> dict[str, Any] | None:
+    """The call the fake model makes: of the first tool, unless the last message is a tool's
+    result (see the module docstring)."""
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
+        return None
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if isinstance(last, dict) and last.get("role") == "tool":
+        return None
+    function = tools[0].get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        return None
+    parameters = function.get("parameters")
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    required = parameters.get("required") if isinstance(parameters, dict) else None
+    names = [*(required or []), *(properties or {})] if isinstance(parameters, dict) else []
+    argument = names[0] if names and isinstance(names[0], str) else "input"
+    return {"function": {"index": 0, "name": function["name"], "arguments": {argument: prompt}}}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

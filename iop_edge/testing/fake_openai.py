@@ -10,8 +10,11 @@ Start it on ``127.0.0.1`` with a free port and point any OpenAI client at ``base
 Endpoints: ``POST /v1/chat/completions`` (``chat.completion`` or SSE ``chat.completion.chunk``
 events ending in ``data: [DONE]``, with the final usage chunk when
 ``stream_options.include_usage`` is true), ``POST /v1/completions`` (legacy ``text_completion``,
-streaming and not) and ``GET /v1/models``. Errors use the OpenAI envelope
-``{"error": {"message", "type", "param", "code"}}``.
+streaming and not), ``POST /v1/embeddings`` (an ``embedding`` per input, floats or, with
+``encoding_format: "base64"``, the base64 of little-endian float32s; the vectors are
+:func:`~iop_edge.testing.fake_upstream.fake_embedding` of each input, ``dimensions`` long when
+asked; ``usage.prompt_tokens`` counts words, a token id as one) and ``GET /v1/models``.
+Errors use the OpenAI envelope ``{"error": {"message", "type", "param", "code"}}``.
 
 **The reply** echoes the last user message (the prompt, for ``/v1/completions``) unless
 :attr:`FakeBehavior.reply` fixes it. It is cut at the first ``stop`` sequence (finish reason
@@ -31,7 +34,9 @@ Run it standalone for benchmarks (prints the base URL, serves until SIGINT/SIGTE
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import struct
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,11 +52,13 @@ from iop_edge.testing.fake_behavior import (
     FakeBehavior,
 )
 from iop_edge.testing.fake_upstream import (
+    FAKE_EMBEDDING_DIMENSIONS,
     FakeUpstream,
     FakeUpstreamStatistics,
     RecordedRequest,
     RejectedRequest,
     count_words,
+    fake_embedding,
     last_user_text,
     serve_main,
     shape_reply,
@@ -115,6 +122,7 @@ class FakeOpenAI(FakeUpstream):
     def _add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_post("/v1/chat/completions", self._generation(self._chat))
         router.add_post("/v1/completions", self._generation(self._completions))
+        router.add_post("/v1/embeddings", self._generation(self._embeddings))
         router.add_get("/v1/models", self._models)
 
     def _error_response(
@@ -293,6 +301,50 @@ class FakeOpenAI(FakeUpstream):
         frames.append(b"data: [DONE]\n\n")
         return await self._sse(request, behavior, frames, completion_id)
 
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        body, model, behavior, _ = await self._prelude(
+            request, lambda body: "".join(embedding_texts(body.get("input"))[-1:])
+        )
+        texts = embedding_texts(body.get("input"))
+        if not texts:
+            raise RejectedRequest(
+                400,
+                "'input' must be a non-empty string or array.",
+                param="input",
+                code="invalid_value",
+            )
+        dimensions = body.get("dimensions")
+        if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
+            raise RejectedRequest(
+                400, "'dimensions' must be a positive integer.", param="dimensions"
+            )
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise RejectedRequest(
+                400, "'encoding_format' must be 'float' or 'base64'.", param="encoding_format"
+            )
+        if not await self._before_answer(request, behavior):
+            return web.Response()
+        if behavior.status != 200:
+            return self._failure(behavior)
+        data: list[dict[str, Any]] = []
+        for index, text in enumerate(texts):
+            vector = fake_embedding(text, dimensions or FAKE_EMBEDDING_DIMENSIONS)
+            encoded: object = vector
+            if encoding == "base64":
+                encoded = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        prompt_tokens = sum(len(text.split()) for text in texts)
+        reply = {
+            "object": "list",
+            "data": data,
+            "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+        return await self._body(
+            request, behavior, orjson.dumps(reply), content_type="application/json"
+        )
+
     async def _sse(
         self,
         request: web.Request,
@@ -316,6 +368,22 @@ class FakeOpenAI(FakeUpstream):
             malformed=b'data: {"id":"' + completion_id.encode() + b'","choices":[{"delta":\n\n',
             error=b"data: " + orjson.dumps(error) + b"\n\n",
         )
+
+
+def embedding_texts(given: object) -> list[str]:
+    """The texts of an embeddings ``input``: a string, strings, token ids (one text, the ids
+    joined by spaces) or token-id lists (one text each); ``[]`` for anything else."""
+    if isinstance(given, str):
+        return [given] if given else []
+    if not isinstance(given, list) or not given:
+        return []
+    if all(isinstance(item, str) for item in given):
+        return list(given)
+    if all(type(item) is int for item in given):
+        return [" ".join(map(str, given))]
+    if all(isinstance(item, list) for item in given):
+        return [" ".join(map(str, item)) for item in given]
+    return []
 
 
 def _prompt_text(prompt: object) -> str:

@@ -12,7 +12,8 @@
   and its handlers, built from the protected helpers (``_generation``, ``_resolve``,
   ``_before_answer``, ``_stream``, ``_body``, ``_listing``).
 - Reply shaping shared by the protocols: :func:`split_reply`, :func:`shape_reply`,
-  :func:`message_text`, :func:`last_user_text`, :func:`count_words`.
+  :func:`message_text`, :func:`last_user_text`, :func:`count_words`, and the deterministic
+  vectors of the embeddings endpoints, :func:`fake_embedding`.
 - :func:`serve_main`: run any fake standalone (benchmarks).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import signal
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -44,6 +46,7 @@ __all__ = [
     "RecordedRequest",
     "RejectedRequest",
     "count_words",
+    "fake_embedding",
     "last_user_text",
     "message_text",
     "serve_main",
@@ -549,6 +552,23 @@ def count_words(messages: object) -> int:
         for message in messages
         if isinstance(message, dict)
     )
+
+
+FAKE_EMBEDDING_DIMENSIONS = 8
+"""The length of a fake embedding when the request does not ask for ``dimensions``."""
+
+
+def fake_embedding(text: str, dimensions: int = FAKE_EMBEDDING_DIMENSIONS) -> list[float]:
+    """The fakes' embedding of ``text``: ``dimensions`` numbers in [-1, 1) drawn from the
+    SHA-256 of the text (the same text always gets the same vector, different texts differ).
+    Each is a multiple of 1/128, so it survives float32 (base64) encoding exactly."""
+    seed = text.encode()
+    raw = b""
+    counter = 0
+    while len(raw) < dimensions:
+        raw += hashlib.sha256(seed + counter.to_bytes(4, "big")).digest()
+        counter += 1
+    return [(byte - 128) / 128 for byte in raw[:dimensions]]
 
 
 def serve_main(fake_type: type[FakeUpstream], argv: Sequence[str] | None = None) -> None:

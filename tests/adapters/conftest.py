@@ -73,9 +73,12 @@ def chat(
     target: str = "fake-model",
     headers: Mapping[str, str] | None = None,
     request_id: str = "req-1",
+    model: str = "",
+    estimated_prompt_tokens: int | None = None,
     **fields: Any,
 ) -> UpstreamCall:
-    """A chat call with one user message (plus ``fields`` in the body)."""
+    """A chat call with one user message (plus ``fields`` in the body); ``model`` is the
+    client's model id (the answers' ``model``), empty for the target."""
     body: dict[str, Any] = {
         "model": "m",
         "messages": [{"role": "user", "content": text}],
@@ -90,6 +93,8 @@ def chat(
         stream=stream,
         headers=dict(headers or {}),
         request_id=request_id,
+        model=model,
+        estimated_prompt_tokens=estimated_prompt_tokens,
     )
 
 

@@ -164,14 +164,24 @@ async def test_text_output_streams_as_it_arrives(sets: SetFactory) -> None:
 
 async def test_text_output_streaming_to_the_end(sets: SetFactory) -> None:
     executor = cli_set(sets, ["--chunks", "4"])
-    call = chat("streamed text answer", stream=True, stream_options={"include_usage": True})
-    chunks = payloads(await collect(await executor.open_stream(call)))
+    call = chat(
+        "streamed text answer",
+        stream=True,
+        stream_options={"include_usage": True},
+        estimated_prompt_tokens=11,
+    )
+    stream = await executor.open_stream(call)
+    assert isinstance(stream, UpstreamStream)
+    chunks = payloads(await collect(stream))
     assert chunks[-1] == "[DONE]"
     assert content_of(chunks[:-1]) == "streamed text answer"
     assert chunks[-3]["choices"][0]["finish_reason"] == "stop"
-    # The client asked for usage; a text answer has none to report, so it is null.
+    # The client asked for usage; a text answer reports none, so it is the edge's estimate:
+    # the prompt's as the edge gave it, the answer's ceil(20 bytes / 4).
     assert chunks[-2]["choices"] == []
-    assert chunks[-2]["usage"] is None
+    assert chunks[-2]["usage"] == {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}
+    assert (stream.usage.prompt_tokens, stream.usage.completion_tokens) == (11, 5)
+    assert stream.usage.estimated
 
 
 @pytest.mark.parametrize("field", ["result", "content"])
@@ -307,7 +317,7 @@ async def test_environment_is_minimal_plus_the_env_field(
     monkeypatch.setenv("IOP_DAEMON_SECRET", "do-not-leak")
     monkeypatch.setenv("LANG", "C.UTF-8")
     executor = cli_set(sets, [], command="/usr/bin/env", env={"AGENT_MODE": "edge"})
-    reply = await executor.complete(chat())
+    reply = await executor.complete(chat(request_id="req-env-1"))
     variables = dict(
         line.split("=", 1)
         for line in reply_json(reply)["choices"][0]["message"]["content"].splitlines()
@@ -316,7 +326,52 @@ async def test_environment_is_minimal_plus_the_env_field(
     assert variables["LANG"] == "C.UTF-8"
     assert variables["PATH"] == os.environ["PATH"]
     assert "IOP_DAEMON_SECRET" not in variables
-    assert set(variables) <= {*cli_process.INHERITED_ENV, "AGENT_MODE"}
+    # The request id reaches the command as IOP_EDGE_REQUEST_ID; nothing else is added.
+    assert variables["IOP_EDGE_REQUEST_ID"] == "req-env-1"
+    assert set(variables) <= {*cli_process.INHERITED_ENV, "AGENT_MODE", "IOP_EDGE_REQUEST_ID"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", 0.2),
+        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+        ("n", 2),
+        ("response_format", {"type": "json_object"}),
+        ("stop", ["END"]),
+        ("x_vendor", 1),
+    ],
+)
+async def test_a_field_a_cli_cannot_honour_is_refused_before_it_starts(
+    sets: SetFactory, field: str, value: Any, tmp_path: Path
+) -> None:
+    """Issue 15: a request field a cli provider cannot honour is a 400 naming it, never
+    silently dropped (and the command never runs)."""
+    marker = tmp_path / "ran"
+    executor = cli_set(sets, [str(marker)], command="/usr/bin/touch")
+    with pytest.raises(UnsupportedRequestError) as caught:
+        await executor.complete(chat(**{field: value}))
+    assert (caught.value.status, caught.value.code) == (400, "unsupported_parameter")
+    assert caught.value.param == field
+    assert f"'{field}' cannot be honoured by cli provider" in str(caught.value)
+    assert not marker.exists()
+
+
+async def test_fields_a_cli_accepts_without_effect(sets: SetFactory) -> None:
+    """Defaults, fields without effect on the answer, and the policy's token limits pass."""
+    executor = cli_set(sets, [])
+    call = chat(
+        "fine",
+        n=1,
+        logprobs=False,
+        user="u-1",
+        metadata={"k": "v"},
+        max_tokens=10,
+        thinking_token_budget=100,
+        temperature=None,
+    )
+    reply = reply_json(await executor.complete(call))
+    assert reply["choices"][0]["message"]["content"] == "fine"
 
 
 async def test_completions_endpoint_is_an_invalid_request(sets: SetFactory) -> None:

@@ -21,6 +21,7 @@ from iop_edge.adapters import (
 from iop_edge.errors import AdapterError
 from iop_edge.testing.fake_behavior import FakeBehavior, Fault
 from iop_edge.testing.fake_ollama import FakeOllama
+from iop_edge.testing.fake_upstream import fake_embedding
 
 from .conftest import (
     chat,
@@ -30,6 +31,7 @@ from .conftest import (
     frames_until_error,
     payloads,
     reply_json,
+    serve,
 )
 
 SetFactory = Callable[..., AdapterSet]
@@ -64,7 +66,6 @@ async def test_request_maps_messages_target_and_options(
         top_p=0.9,
         stop="END",
         seed=7,
-        x_unknown="not for ollama",
     )
     call.body["messages"].insert(0, {"role": "developer", "content": "Be brief."})
     await executor.complete(call)
@@ -303,3 +304,123 @@ async def test_completions_endpoint_is_an_invalid_request(
     assert caught.value.code == "invalid_request_error"
     assert "/v1/chat/completions" in str(caught.value)
     assert fake.total_requests == 0
+
+
+# -- issue 15: tools, fields Ollama cannot honour, embeddings -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("n", 2),
+        ("logprobs", True),
+        ("top_logprobs", 3),
+        ("logit_bias", {"50256": -100}),
+        ("tool_choice", "required"),
+        ("parallel_tool_calls", False),
+        ("functions", [{"name": "f"}]),
+        ("modalities", ["text", "audio"]),
+        ("reasoning_effort", "high"),
+        ("top_k", 40),
+    ],
+)
+async def test_a_field_ollama_cannot_honour_is_a_400_naming_it(
+    executor: Executor, fake: FakeOllama, field: str, value: Any
+) -> None:
+    """Issue 15: never silently dropped; refused before any request reaches Ollama."""
+    with pytest.raises(UnsupportedRequestError) as caught:
+        await executor.complete(chat(**{field: value}))
+    assert (caught.value.status, caught.value.code) == (400, "unsupported_parameter")
+    assert caught.value.param == field
+    assert f"'{field}' cannot be honoured by ollama provider 'o1'" in str(caught.value)
+    assert fake.statistics().total_requests == 0
+
+
+async def test_tool_calls_from_ollama_keep_their_ids(sets: SetFactory) -> None:
+    """Ollama's own call ids are kept; arguments become a JSON string; a call without an id
+    gets call_<request id>_<n>."""
+
+    async def answer(request: web.Request) -> web.Response:
+        calls = [
+            {"id": "call_abc", "function": {"name": "a", "arguments": {"x": 1}}},
+            {"function": {"name": "b", "arguments": {}}},
+        ]
+        body = {
+            "model": "m",
+            "message": {"role": "assistant", "content": "", "tool_calls": calls},
+            "done": True,
+            "done_reason": "stop",
+        }
+        return web.json_response(body)
+
+    async with serve("/api/chat", answer) as origin:
+        executor = ollama_set(sets, origin).for_provider("o1")
+        reply = reply_json(await executor.complete(chat(request_id="r7", model="group")))
+    message = reply["choices"][0]["message"]
+    assert reply["model"] == "group"
+    assert reply["choices"][0]["finish_reason"] == "tool_calls"
+    assert message["content"] is None
+    assert message["tool_calls"] == [
+        {"id": "call_abc", "type": "function", "function": {"name": "a", "arguments": '{"x":1}'}},
+        {"id": "call_r7_1", "type": "function", "function": {"name": "b", "arguments": "{}"}},
+    ]
+
+
+async def test_tool_call_arguments_that_are_not_a_json_object_are_a_400(
+    executor: Executor, fake: FakeOllama
+) -> None:
+    call = chat("hi")
+    call.body["messages"] += [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1]"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+    ]
+    with pytest.raises(UnsupportedRequestError) as caught:
+        await executor.complete(call)
+    assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
+    assert fake.statistics().total_requests == 0
+
+
+async def test_embeddings_become_api_embed_and_come_back_in_openai_form(
+    executor: Executor, fake: FakeOllama
+) -> None:
+    call = UpstreamCall(
+        "embeddings",
+        {"model": "m", "input": ["x y", "z"], "encoding_format": "float", "user": "u"},
+        "fake-model",
+        False,
+        {},
+        "r-e",
+        "embed-group",
+    )
+    reply = reply_json(await executor.complete(call))
+    assert fake.requests[-1].path == "/api/embed"
+    assert fake.requests[-1].json == {"model": "fake-model", "input": ["x y", "z"]}
+    assert fake.requests[-1].headers["x-request-id"] == "r-e"
+    assert reply == {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": 0, "embedding": fake_embedding("x y")},
+            {"object": "embedding", "index": 1, "embedding": fake_embedding("z")},
+        ],
+        "model": "embed-group",
+        "usage": {"prompt_tokens": 3, "total_tokens": 3},
+    }
+
+
+async def test_an_embed_answer_with_the_wrong_count_is_an_upstream_error(
+    sets: SetFactory,
+) -> None:
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({"model": "m", "embeddings": [[0.5]], "prompt_eval_count": 1})
+
+    async with serve("/api/embed", answer) as origin:
+        executor = ollama_set(sets, origin).for_provider("o1")
+        call = UpstreamCall("embeddings", {"model": "m", "input": ["a", "b"]}, "m", False, {}, "r")
+        with pytest.raises(AdapterError, match="1 embeddings for 2 inputs"):
+            await executor.complete(call)

@@ -13,10 +13,12 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from iop_edge.adapters import AdapterSet, Executor, UpstreamCall, UpstreamReply, UpstreamStream
+from iop_edge.adapters.openai_compat import with_model
 from iop_edge.adapters.upstream_http import MAX_FRAME_BYTES
 from iop_edge.errors import AdapterError
 from iop_edge.testing.fake_behavior import FakeBehavior, Fault
 from iop_edge.testing.fake_openai import FakeOpenAI
+from iop_edge.testing.fake_upstream import fake_embedding
 
 from .conftest import (
     chat,
@@ -515,3 +517,65 @@ async def test_one_connection_pool_per_adapter_instance_shared_by_its_providers(
     # p1 and p2 reuse one kept-alive connection of adapter "api"; p3 has its own pool.
     assert peers[0] == peers[1] == peers[2]
     assert peers[3] != peers[0]
+
+
+# -- issue 15: the answer's model, embeddings, x-request-id ------------------------------------
+
+
+def test_with_model_replaces_the_compact_pair_in_the_bytes_or_re_encodes() -> None:
+    raw = b'{"id":"x","model":"fake-model","choices":[]}'
+    assert with_model(raw, orjson.loads(raw), "group") == (
+        b'{"id":"x","model":"group","choices":[]}'
+    )
+    assert with_model(raw, orjson.loads(raw), "fake-model") is raw  # nothing to do
+    spaced = b'{"id": "x", "model": "fake-model"}'
+    assert orjson.loads(with_model(spaced, orjson.loads(spaced), "group")) == {
+        "id": "x",
+        "model": "group",
+    }
+    # Twice the same pair (a nested object): never guess which is the key, re-encode.
+    twice = b'{"model":"m","extra":{"model":"m"}}'
+    assert orjson.loads(with_model(twice, orjson.loads(twice), "g")) == {
+        "model": "g",
+        "extra": {"model": "m"},
+    }
+
+
+async def test_every_streamed_chunk_names_the_clients_model(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    call = chat(stream=True, model="my-group", stream_options={"include_usage": True})
+    chunks = payloads(await collect(await executor.open_stream(call)))
+    assert fake.requests[-1].json["model"] == "fake-model"
+    assert {c["model"] for c in chunks[:-1]} == {"my-group"}
+
+
+async def test_a_streamed_chunk_in_another_spelling_is_re_encoded(sets: SetFactory) -> None:
+    async def spaced(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"id": "c", "model": "up", "choices": []}\n\n')
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async with serve("/v1/chat/completions", spaced) as origin:
+        executor = provider_set(sets, f"{origin}/v1").for_provider("p1")
+        chunks = payloads(await collect(await executor.open_stream(chat(stream=True, model="g"))))
+    assert chunks == [{"id": "c", "model": "g", "choices": []}, "[DONE]"]
+
+
+async def test_embeddings_pass_through_with_the_clients_model(
+    executor: Executor, fake: FakeOpenAI
+) -> None:
+    body = {"model": "embed", "input": ["a b"], "encoding_format": "float", "dimensions": 4}
+    call = UpstreamCall("embeddings", body, "fake-model", False, {}, "rid-9", "embed")
+    reply = await executor.complete(call)
+    assert isinstance(reply, UpstreamReply)
+    sent = fake.requests[-1]
+    assert sent.path == "/v1/embeddings"
+    assert sent.json == {**body, "model": "fake-model"}  # no stream field added
+    assert sent.headers["x-request-id"] == "rid-9"
+    answer = orjson.loads(reply.body)
+    assert answer["model"] == "embed"
+    assert answer["data"][0]["embedding"] == fake_embedding("a b", 4)
+    assert reply.usage.prompt_tokens == 2

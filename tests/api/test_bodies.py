@@ -192,3 +192,18 @@ def test_input_plus_max_tokens_over_the_context_window_is_context_length_exceede
 def test_long_context_when_the_estimate_exceeds_the_threshold():
     assert not prepare(chat("x" * 40), "chat/completions", model(), 13).long_context
     assert prepare(chat("x" * 44), "chat/completions", model(), 13).long_context
+
+
+def test_embeddings_input_is_checked_and_estimated_like_a_prompt():
+    """Issue 15: /v1/embeddings takes a string, strings, token ids or token-id lists; the
+    estimate counts text by bytes and a token id as one token; no generation policy."""
+    body = parse_body(b'{"model":"m","input":["abcd","efgh"],"stream":false}', "embeddings")
+    assert estimate_input_tokens(body, "embeddings") == 2
+    assert estimate_input_tokens({"input": [[1, 2, 3], [4]]}, "embeddings") == 4
+    prepared = prepare(body, "embeddings", None, threshold=1)
+    assert (prepared.stream, prepared.max_tokens, prepared.long_context) == (False, None, True)
+    assert "max_tokens" not in prepared.body
+    for bad in (b'{"model":"m"}', b'{"model":"m","input":[]}', b'{"model":"m","input":[1,"a"]}'):
+        with pytest.raises(RequestError) as caught:
+            parse_body(bad, "embeddings")
+        assert caught.value.param == "input"

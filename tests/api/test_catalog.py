@@ -6,8 +6,14 @@ from typing import Any
 
 import orjson
 
-from iop_edge.api.catalog import build_catalog
-from iop_edge.config.policy import ROUTE_UNBOUNDED, completions_group, pool_policy, route_group
+from iop_edge.api.catalog import LoadTimes, build_catalog
+from iop_edge.config.policy import (
+    ROUTE_UNBOUNDED,
+    completions_group,
+    embeddings_group,
+    pool_policy,
+    route_group,
+)
 from tests.config.helpers import base_doc, load, node
 
 
@@ -55,6 +61,44 @@ def test_only_models_with_a_passthrough_provider_serve_completions():
     assert not catalog.models["echo"].serves_completions
 
 
+def test_only_models_with_an_http_provider_serve_embeddings():
+    """Issue 15: a cli provider cannot embed; a group declares nothing new."""
+    catalog = build_catalog(load(mixed_doc()))
+    assert catalog.models["chat"].serves_embeddings
+    assert catalog.models["chat"].kinds == {"openai_compat", "ollama"}
+    assert not catalog.models["echo"].serves_embeddings
+    assert catalog.models["echo"].kinds == {"cli"}
+
+
+def test_models_lists_only_groups_with_an_enabled_provider():
+    """Issue 15: a group whose providers are all disabled is not listed (nor found by id);
+    model routes always are."""
+    doc = mixed_doc()
+    doc["nodes"][0]["providers"][0]["enabled"] = False  # vllm-a (ollama-b is off already)
+    catalog = build_catalog(load(doc))
+    listing = orjson.loads(catalog.models_body)
+    assert [m["id"] for m in listing["data"]] == ["echo", "legacy"]
+    assert catalog.model_body("chat") is None
+    assert "chat" in catalog.models  # (requests still find it: 503 no_available_provider)
+
+
+def test_created_is_when_this_process_first_loaded_the_id():
+    """Issue 15: ``created`` is stable across reloads: each id keeps the time it was first
+    loaded; an id added later gets the later time."""
+    now = [1000.0]
+    times = LoadTimes(lambda: now[0])
+    first = build_catalog(load(mixed_doc()), created=times)
+    now[0] = 2000.0
+    doc = mixed_doc()
+    doc["models"].append({"id": "late", "context_window_tokens": 4096, "providers": ["echo"]})
+    second = build_catalog(load(doc), created=times)
+    created = {m["id"]: m["created"] for m in orjson.loads(second.models_body)["data"]}
+    assert created == {"chat": 1000, "echo": 1000, "late": 2000, "legacy": 1000}
+    again = build_catalog(load(mixed_doc()), created=times)  # a reload: nothing changes
+    assert orjson.loads(again.models_body) == orjson.loads(first.models_body)
+    assert orjson.loads(second.model_body("late") or b"")["created"] == 2000
+
+
 def test_pool_policy_carries_every_provider_and_group():
     policy = pool_policy(load(mixed_doc()))
     assert (policy.max_queue, policy.queue_timeout_ms) == (16, 30000)
@@ -68,6 +112,8 @@ def test_pool_policy_carries_every_provider_and_group():
         "chat": (("gpu-1", "vllm-a"), ("gpu-1", "ollama-b")),
         "echo": (("gpu-1", "echo"),),
         completions_group("chat"): (("gpu-1", "vllm-a"),),
+        # the providers that serve /v1/embeddings: openai_compat and ollama, not cli
+        embeddings_group("chat"): (("gpu-1", "vllm-a"), ("gpu-1", "ollama-b")),
         route_group("legacy"): (("gpu-1", "route:legacy"),),  # its node, from the config
     }
 

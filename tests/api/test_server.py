@@ -71,7 +71,8 @@ async def test_legacy_completions_on_a_passthrough_provider(client, fake_oa):
     assert fake_oa.requests[-1].path == "/v1/completions"
     with pytest.raises(openai.BadRequestError) as info:
         await client.completions.create(model="chat-ol", prompt="x")
-    assert info.value.code == "invalid_request_error"
+    assert info.value.code == "unsupported_endpoint"
+    assert info.value.param == "model"
     assert "does not serve /v1/completions" in info.value.message
 
 

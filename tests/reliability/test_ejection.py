@@ -275,8 +275,9 @@ async def test_a_group_whose_providers_are_all_ejected_panics_and_still_serves_t
             after = await admin_status(edge)
             metrics_after = await edge.metrics()
             await all_released(edge)
-    # Both providers are passthrough, so the /v1/completions group of m panics with it.
-    groups = ["m", "m[completions]"]
+    # Both providers are passthrough, so the /v1/completions and /v1/embeddings groups of m
+    # panic with it.
+    groups = ["m", "m[completions]", "m[embeddings]"]
     assert [p["health"] for p in status["providers"]] == ["unhealthy", "unhealthy"]
     assert status["models"] == [{"id": g, "providers": 2, "panic": True} for g in groups]
     assert metrics[sample("iop_edge_model_panic", model="m")] == 1
