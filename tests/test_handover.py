@@ -201,6 +201,7 @@ async def test_a_handover_under_load_fails_nothing_and_keeps_capacity_exact(
             )
             handed = old.events("handed_over")
             drained = old.events("handover_drained")
+            lines = old.events("request")  # (both processes write to the one stderr)
     assert result["result"] == "handed_over"
     assert taken["pid"] == result["pid"] != old.process.pid
     assert accepted[0] == 200
@@ -218,6 +219,11 @@ async def test_a_handover_under_load_fails_nothing_and_keeps_capacity_exact(
     assert taken["handover"]["relayed_requests"] <= relayed == drained[0]["relayed"]
     assert drained[0]["relayed"] > 0  # the queued requests, at least
     assert drained[0]["cut"] == 0
+    # a relayed request has one id in both logs: old's "relayed" line, new's answered one
+    relayed_ids = {line["request_id"] for line in lines if line["code"] == "relayed"}
+    answered_ids = {line["request_id"] for line in lines if line["code"] == "ok"}
+    assert len(relayed_ids) == drained[0]["relayed"]
+    assert relayed_ids <= answered_ids
     assert f"(pid {result['pid']})" in shown.stdout
     assert f"took over from process {old.process.pid} at " in shown.stdout
 

@@ -91,8 +91,18 @@ _FAILOVER_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
 HANDOVER_HEADER: Final = "X-IOP-Handover"
 """Carried by a request relayed from the process this one took over from: ``SECRET AGE``."""
 #: hop-by-hop and per-connection headers, not relayed
+#: (x-request-id is set anew: the id this process logged, so both logs share it)
 _NOT_RELAYED: Final = frozenset(
-    {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "x-request-id",
+    }
 )
 _RELAYED_BACK: Final = frozenset(
     {"content-type", "retry-after", "x-request-id", "x-iop-provider", "cache-control"}
@@ -494,6 +504,7 @@ class OpenAIServer:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_RELAYED}
         age = self.clock.now() - record.started
         headers[HANDOVER_HEADER] = f"{self.handover_secret} {age:.6f}"
+        headers["x-request-id"] = record.request_id
         if self._relay_session is None:
             self._relay_session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
