@@ -137,7 +137,12 @@ async def test_metrics_parse_and_have_every_metric_of_the_spec(tmp_path):
         samples[
             (
                 "iop_edge_upstream_errors_total",
-                (("kind", "http_500"), ("node", "local"), ("provider", "up")),
+                (
+                    ("node", "local"),
+                    ("provider", "up"),
+                    ("reason", "status"),
+                    ("status_code", "500"),
+                ),
             )
         ]
         == 1
@@ -155,7 +160,7 @@ async def test_metrics_parse_and_have_every_metric_of_the_spec(tmp_path):
         samples[
             (
                 "iop_edge_provider_capacity",
-                (("kind", "general"), ("node", "local"), ("provider", "up")),
+                (("node", "local"), ("provider", "up"), ("slot", "general")),
             )
         ]
         == 2
