@@ -133,6 +133,7 @@ class Daemon:
             lambda: self.supervisor,
             lambda: [listener.statistics() for listener in self.listeners.values()],
             self.handover_statistics,
+            config=self.config,
         )
         self.server = OpenAIServer(
             self.config,
@@ -188,8 +189,8 @@ class Daemon:
                 reason=event.reason,
                 ejected_for_s=left,
             )
-        elif event.kind == "held":
-            self.log.info(
+        elif event.kind == "held":  # an upstream failure (a 429): a warning, like an ejection
+            self.log.warning(
                 "provider_held", node=node, provider=provider, held_for_s=left, reason=event.reason
             )
         elif event.kind == "half_open":

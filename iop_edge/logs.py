@@ -90,7 +90,8 @@ class LogSetup:
         self.fast_json = fast_json
 
     def request_line_writer(self, log: Logger) -> RequestLineWriter:
-        """The writer of per-request log lines. With JSON logs at info level or below it
+        """The writer of per-request log lines (at ``warning`` for an upstream failure, see
+        :func:`request_level`, else ``info``). With JSON logs at info level or below it
         renders the line straight to the writer (the same fields structlog would write, without
         its processor chain: that chain was a tenth of a request's CPU); otherwise it goes
         through ``log``."""
@@ -106,7 +107,7 @@ class LogSetup:
                         "event": "request",
                         "component": "iop_edge",
                         **fields,
-                        "level": "info",
+                        "level": request_level(fields),
                         "timestamp": now,
                     }
                 )
@@ -115,9 +116,29 @@ class LogSetup:
         return write
 
 
+#: The request codes of an upstream that failed (the request's log line is a warning).
+UPSTREAM_FAILURE_CODES: Final = frozenset({"upstream_error", "upstream_timeout"})
+
+
+def request_level(fields: dict[str, Any]) -> str:
+    """``warning`` for the line of a request an upstream failed (its answer's ``code`` says so,
+    or an attempt failed over to another provider: ``failed_over``), else ``info``."""
+    if fields.get("code") in UPSTREAM_FAILURE_CODES or fields.get("failed_over"):
+        return "warning"
+    return "info"
+
+
 def structured_request_line(log: Logger) -> RequestLineWriter:
-    """Request lines through ``log``'s processor chain (any format, any level)."""
-    return lambda fields: log.info("request", **fields)
+    """Request lines through ``log``'s processor chain (any format, any level): at ``warning``
+    for an upstream failure (:func:`request_level`), so a log at level ``warning`` keeps them."""
+
+    def write(fields: dict[str, Any]) -> None:
+        if request_level(fields) == "warning":
+            log.warning("request", **fields)
+        else:
+            log.info("request", **fields)
+
+    return write
 
 
 def configure_logging(

@@ -1,29 +1,55 @@
 """Prometheus metrics (SPEC §9), on an injected registry.
 
-Events (requests, tokens, upstream errors, reloads) are counted here as they happen. State —
-queue depth, slots, enabled flags, admission rejections, the running config — is read at scrape
-time from ``scheduler.statistics()`` and the supervisor by :class:`StateCollector`: one source of
-truth, nothing counted twice.
+Events (requests, upstream attempts, tokens, upstream errors, reloads) are counted here as
+they happen, from each request's :class:`~iop_edge.api.record.RequestRecord`. State — queue
+depth, slots, enabled flags, admission rejections, the running config — is read at scrape time
+by the collectors of :mod:`iop_edge.collectors`: one source of truth, nothing counted twice.
+The process's own figures (CPU, memory, descriptors: ``process_*``; the interpreter:
+``python_info``) come from prometheus-client's collectors on the same registry.
+
+A labelled series appears with its first value: nothing is created ahead of traffic (a
+request for an unknown model leaves no token or queue-wait series behind). Each label set's
+series is resolved once and kept, because label look-ups cost more than the counting.
+
+Histogram buckets of durations reach the largest ``request_timeout_ms`` of the config the
+process started with (:func:`latency_buckets`); ``request_timeout_ms`` is restart-class, so
+the buckets never need to change while the process runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from collections.abc import Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
+from iop_edge import __version__
+from iop_edge.adapters.base import DEFAULT_REQUEST_TIMEOUT_MS
+from iop_edge.adapters.registry import request_timeout_ms
+from iop_edge.collectors import HandoverCollector, ListenerCollector, StateCollector
+from iop_edge.config.payload import node_payload
+from iop_edge.config.policy import route_provider
 from iop_edge.pool import PoolStatistics
 
 if TYPE_CHECKING:
     from iop_edge.api.record import RequestRecord
+    from iop_edge.config.schema import EdgeConfig
     from iop_edge.handover import HandoverStatistics
     from iop_edge.listeners import ListenerStatistics
     from iop_edge.supervisor import RefreshRecord, Supervisor
 
+__all__ = ["UNKNOWN_MODEL", "EdgeMetrics", "latency_buckets", "max_request_timeout_ms"]
+
 UNKNOWN_MODEL: Final = "(unknown)"
+#: The latency buckets below any timeout; :func:`latency_buckets` extends them to the timeout.
 _LATENCY_BUCKETS: Final = (
     0.005,
     0.01,
@@ -44,220 +70,80 @@ _LATENCY_BUCKETS: Final = (
 _WAIT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0)
 
 
-class StateCollector(Collector):
-    """Gauges and counters read at scrape time from the scheduler and the supervisor."""
-
-    def __init__(
-        self,
-        statistics: Callable[[], PoolStatistics],
-        supervisor: Callable[[], Supervisor | None],
-    ) -> None:
-        self._statistics = statistics
-        self._supervisor = supervisor
-
-    def collect(self) -> Iterator[Metric]:
-        """One consistent snapshot per scrape."""
-        stats = self._statistics()
-        yield GaugeMetricFamily(
-            "iop_edge_queue_depth",
-            "Requests waiting in the admission queue.",
-            value=stats.queue_depth,
-        )
-        rejected = CounterMetricFamily(
-            "iop_edge_admission_rejected",
-            "Requests the scheduler refused or dropped, by reason.",
-            labels=["reason"],
-        )
-        for reason, count in sorted(stats.rejected.items()):
-            rejected.add_metric([reason], count)
-        yield rejected
-        in_flight = GaugeMetricFamily(
-            "iop_edge_provider_in_flight",
-            "Requests running on a provider.",
-            labels=["node", "provider", "kind"],
-        )
-        capacity = GaugeMetricFamily(
-            "iop_edge_provider_capacity",
-            "Slots of a provider (0 when disabled).",
-            labels=["node", "provider", "kind"],
-        )
-        enabled = GaugeMetricFamily(
-            "iop_edge_provider_enabled",
-            "1 when the provider is a dispatch candidate.",
-            labels=["node", "provider"],
-        )
-        up = GaugeMetricFamily(
-            "iop_edge_provider_up",
-            "1 unless the provider is ejected by its health (held out by a 429 counts as up).",
-            labels=["node", "provider"],
-        )
-        ejections = CounterMetricFamily(
-            "iop_edge_provider_ejections",
-            "Times the provider was ejected (or its ejection renewed) for failing.",
-            labels=["node", "provider"],
-        )
-        probes = CounterMetricFamily(
-            "iop_edge_health_probes",
-            "Health checks of ejected providers, by result.",
-            labels=["node", "provider", "result"],
-        )
-        panic = GaugeMetricFamily(
-            "iop_edge_model_panic",
-            "1 while every enabled provider of the model group is out, ejected or held by a "
-            "429 (panic: health is ignored for the group).",
-            labels=["model"],
-        )
-        principal_in_flight = GaugeMetricFamily(
-            "iop_edge_principal_in_flight",
-            "Leases a principal holds, pool-wide (configured principals and anonymous only).",
-            labels=["principal"],
-        )
-        principal_queued = GaugeMetricFamily(
-            "iop_edge_principal_queued",
-            "Requests of a principal waiting in the admission queue.",
-            labels=["principal"],
-        )
-        for share in stats.principals:
-            principal_in_flight.add_metric([share.principal], share.in_flight)
-            principal_queued.add_metric([share.principal], share.queued)
-        yield principal_in_flight
-        yield principal_queued
-        for p in stats.providers:
-            general = p.in_flight - p.long_in_flight
-            in_flight.add_metric([p.node_id, p.provider_id, "general"], general)
-            in_flight.add_metric([p.node_id, p.provider_id, "long"], p.long_in_flight)
-            capacity.add_metric([p.node_id, p.provider_id, "general"], p.capacity)
-            capacity.add_metric([p.node_id, p.provider_id, "long"], p.long_context_capacity)
-            enabled.add_metric([p.node_id, p.provider_id], 1 if p.enabled else 0)
-            ejected = p.ejected_until is not None or p.half_open
-            up.add_metric([p.node_id, p.provider_id], 0 if ejected else 1)
-            ejections.add_metric([p.node_id, p.provider_id], p.ejections)
-            probes.add_metric([p.node_id, p.provider_id, "ok"], p.probes_ok)
-            probes.add_metric([p.node_id, p.provider_id, "failed"], p.probes_failed)
-        for group in stats.groups:
-            panic.add_metric([group.group_id], 1 if group.panic else 0)
-        yield in_flight
-        yield capacity
-        yield enabled
-        yield up
-        yield ejections
-        yield probes
-        yield panic
-        supervisor = self._supervisor()
-        if supervisor is None:
-            return
-        info = GaugeMetricFamily(
-            "iop_edge_config_info", "The running config (its content hash).", labels=["hash"]
-        )
-        info.add_metric([supervisor.running_hash], 1)
-        yield info
-        last = supervisor.last
-        ok = last is None or last.result.result != "rejected"
-        yield GaugeMetricFamily(
-            "iop_edge_config_last_reload_successful",
-            "1 when the last reload was not rejected.",
-            value=1 if ok else 0,
-        )
-        yield GaugeMetricFamily(
-            "iop_edge_config_last_reload_success_timestamp_seconds",
-            "Unix time of the last reload that was not rejected (or of the start).",
-            value=supervisor.last_success_at or 0,
-        )
-        yield GaugeMetricFamily(
-            "iop_edge_config_restart_pending",
-            "Config changes saved but waiting for a restart.",
-            value=len(supervisor.restart_pending),
-        )
+def max_request_timeout_ms(config: EdgeConfig) -> int:
+    """The longest ``request_timeout_ms`` an upstream call of ``config`` may run for: over
+    every adapter instance and every provider (its own value over its adapter's), with the
+    default (:data:`DEFAULT_REQUEST_TIMEOUT_MS`) where neither sets one."""
+    longest = 0
+    for node in config.nodes:
+        payload = node_payload(config, node.id)
+        for execution in (
+            *(a.execution for a in payload.adapters),
+            *(p.execution for p in payload.providers),
+        ):
+            longest = max(longest, request_timeout_ms(execution))
+    return longest or DEFAULT_REQUEST_TIMEOUT_MS
 
 
-class ListenerCollector(Collector):
-    """The listeners' connections and what their guards refused or cut, read at scrape time
-    from each :meth:`iop_edge.listeners.Listener.statistics`."""
-
-    def __init__(self, listeners: Callable[[], Iterable[ListenerStatistics]]) -> None:
-        self._listeners = listeners
-
-    def collect(self) -> Iterator[Metric]:
-        """One snapshot of every bound listener."""
-        open_now = GaugeMetricFamily(
-            "iop_edge_listener_connections",
-            "Open client connections of a listener.",
-            labels=["listener"],
-        )
-        limit = GaugeMetricFamily(
-            "iop_edge_listener_max_connections",
-            "The connection cap of a listener.",
-            labels=["listener"],
-        )
-        events = CounterMetricFamily(
-            "iop_edge_listener_connection_events",
-            "Connections a listener refused at its cap, closed for a slow request head, or "
-            "cut because the client took no data.",
-            labels=["listener", "event"],
-        )
-        for stats in self._listeners():
-            open_now.add_metric([stats.name], stats.open_connections)
-            limit.add_metric([stats.name], stats.max_connections)
-            events.add_metric([stats.name, "refused"], stats.refused)
-            events.add_metric([stats.name, "header_timeout"], stats.header_timeouts)
-            events.add_metric([stats.name, "write_stall"], stats.write_stalls)
-        yield open_now
-        yield limit
-        yield events
+def latency_buckets(timeout_s: float) -> tuple[float, ...]:
+    """Duration buckets whose largest finite bound is ``timeout_s``: the fixed buckets below
+    it, then doubling steps up to it (a request that ran to its timeout lands in the last
+    bucket, not in ``+Inf``)."""
+    buckets = [b for b in _LATENCY_BUCKETS if b < timeout_s]
+    step = (buckets[-1] if buckets else timeout_s) * 2
+    while step < timeout_s:
+        buckets.append(step)
+        step *= 2
+    buckets.append(timeout_s)
+    return tuple(buckets)
 
 
-class HandoverCollector(Collector):
-    """The handover this process took over by (none: no series), read at scrape time."""
-
-    def __init__(self, handover: Callable[[], HandoverStatistics | None]) -> None:
-        self._handover = handover
-
-    def collect(self) -> Iterator[Metric]:
-        """The figures of the last handover, if this process was started by one."""
-        taken = self._handover()
-        if taken is None:
-            return
-        yield GaugeMetricFamily(
-            "iop_edge_handover_timestamp_seconds",
-            "Unix time this process took over from the old one (iop-edge restart).",
-            value=taken.at,
-        )
-        yield GaugeMetricFamily(
-            "iop_edge_handover_duration_seconds",
-            "Seconds from the restart's start in the old process to this one accepting.",
-            value=taken.duration,
-        )
-        yield GaugeMetricFamily(
-            "iop_edge_handover_inherited_leases",
-            "Provider slots the old process still held when it handed over, counted here.",
-            value=taken.inherited_leases,
-        )
-        yield GaugeMetricFamily(
-            "iop_edge_handover_inherited_leases_held",
-            "Of those, the slots the old process holds still (0 once it exited).",
-            value=taken.inherited_held,
-        )
-        yield CounterMetricFamily(
-            "iop_edge_handover_relayed_requests",
-            "Requests the old process relayed here (queued there, or sent on a connection "
-            "kept alive with it).",
-            value=taken.relayed_requests,
-        )
+def _attempt_code(failure: str) -> str:
+    """The ``code`` of an upstream attempt that failed as ``failure`` (an upstream-errors
+    code): an HTTP 4xx other than 429 is the request's fault (``client_error``), any other
+    status the provider's (``upstream_error``)."""
+    if not failure.startswith("http_"):
+        return failure
+    if failure.startswith("http_4") and failure != "http_429":
+        return "client_error"
+    return "upstream_error"
 
 
-class _RequestChildren(NamedTuple):
-    """The labelled series one (model, token_ref, code) request touches."""
+def _error_labels(failure: str) -> tuple[str, str]:
+    """``(reason, status_code)`` of ``iop_edge_upstream_errors_total`` for ``failure``."""
+    if failure.startswith("http_"):
+        return "status", failure[5:]
+    return ("timeout" if failure == "upstream_timeout" else "error"), ""
 
-    requests: Any
-    duration: Any
-    queue_wait: Any
-    first_token: Any
-    prompt_tokens: Any
-    completion_tokens: Any
+
+class _RequestSeries:
+    """The labelled series one (model, token_ref, code) touches, each resolved on first use."""
+
+    __slots__ = (
+        "completion_tokens",
+        "duration",
+        "first_token",
+        "prompt_tokens",
+        "queue_wait",
+        "requests",
+    )
+
+    def __init__(self, requests: Any, duration: Any) -> None:
+        self.requests = requests
+        self.duration = duration
+        self.queue_wait: Any = None
+        self.first_token: Any = None
+        self.prompt_tokens: Any = None
+        self.completion_tokens: Any = None
 
 
 class EdgeMetrics:
-    """Every metric of SPEC §9, registered on ``registry``."""
+    """Every metric of SPEC §9, registered on ``registry``.
+
+    ``config`` is the config the process starts with: the duration buckets reach its largest
+    ``request_timeout_ms``, and its ``openai.model_routes`` (restart-class) are told apart from
+    providers.
+    """
 
     def __init__(
         self,
@@ -266,9 +152,17 @@ class EdgeMetrics:
         supervisor: Callable[[], Supervisor | None],
         listeners: Callable[[], Iterable[ListenerStatistics]] | None = None,
         handover: Callable[[], HandoverStatistics | None] | None = None,
+        *,
+        config: EdgeConfig | None = None,
     ) -> None:
         self.registry = registry
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` series
+        timeout_ms = max_request_timeout_ms(config) if config else DEFAULT_REQUEST_TIMEOUT_MS
+        durations = latency_buckets(timeout_ms / 1000)
+        routes: Collection[str] = (
+            frozenset(r.model for r in config.openai.model_routes) if config else frozenset()
+        )
+        self._routes = routes
         self.requests = Counter(
             "iop_edge_requests",
             "Requests answered, by model, token and outcome code.",
@@ -277,16 +171,17 @@ class EdgeMetrics:
         )
         self.duration = Histogram(
             "iop_edge_request_duration_seconds",
-            "Whole request time, queue wait included.",
+            "Whole request time, queue wait and every attempt included.",
             ["model"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=durations,
             registry=registry,
         )
         self.first_token = Histogram(
             "iop_edge_time_to_first_token_seconds",
-            "Time to the first streamed frame (to the answer, when not streaming).",
+            "Streaming requests only: time from arrival (queue wait included) to the first "
+            "streamed frame.",
             ["model"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=durations,
             registry=registry,
         )
         self.queue_wait = Histogram(
@@ -296,10 +191,29 @@ class EdgeMetrics:
             buckets=_WAIT_BUCKETS,
             registry=registry,
         )
+        self.provider_requests = Counter(
+            "iop_edge_provider_requests",
+            "Upstream attempts on a provider (failed-over ones included), by outcome code: "
+            "ok, upstream_error, upstream_timeout, client_error (an HTTP 4xx other than 429), "
+            "or how the client or the edge ended it (client_gone, client_stalled, "
+            "drain_timeout).",
+            ["node", "provider", "code"],
+            registry=registry,
+        )
+        self.provider_duration = Histogram(
+            "iop_edge_provider_request_duration_seconds",
+            "One upstream attempt on a provider, from its start to its end (a stream's last "
+            "frame, or its failure); failed-over attempts included.",
+            ["node", "provider"],
+            buckets=durations,
+            registry=registry,
+        )
         self.upstream_errors = Counter(
             "iop_edge_upstream_errors",
-            "Failed upstream calls, by provider and kind.",
-            ["node", "provider", "kind"],
+            "Failed upstream attempts by reason: error (connect, connection lost, broken "
+            "protocol, a cli exit), timeout (request_timeout_ms), status (an HTTP error "
+            "answer: status_code says which).",
+            ["node", "provider", "reason", "status_code"],
             registry=registry,
         )
         self.tokens = Counter(
@@ -328,48 +242,53 @@ class EdgeMetrics:
             ["trigger", "result"],
             registry=registry,
         )
-        registry.register(StateCollector(statistics, supervisor))
+        Info("iop_edge_build", "The iop-edge version running.", registry=registry).info(
+            {"version": __version__}
+        )
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        registry.register(StateCollector(statistics, supervisor, routes))
         if listeners is not None:
             registry.register(ListenerCollector(listeners))
         if handover is not None:
             registry.register(HandoverCollector(handover))
-        self._children: dict[tuple[str, str, str], _RequestChildren] = {}
+        self._series: dict[tuple[str, str, str], _RequestSeries] = {}
+        self._attempts: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._errors: dict[tuple[str, str, str], Any] = {}
 
     def observe_request(self, record: RequestRecord) -> None:
         """Count one finished request (called once per request by the server)."""
         model = record.model if record.resolved and record.model else UNKNOWN_MODEL
         token_ref = record.principal.token_ref if record.principal else "(none)"
         key = (model, token_ref, record.code)
-        children = self._children.get(key)
-        if children is None:
-            # Label look-ups cost more than the counting; the label sets are bounded (configured
-            # models and tokens, a fixed set of codes), so each is resolved once.
-            children = self._children[key] = _RequestChildren(
+        series = self._series.get(key)
+        if series is None:
+            # The label sets are bounded (configured models and tokens, a fixed set of codes).
+            series = self._series[key] = _RequestSeries(
                 self.requests.labels(model, token_ref, record.code),
                 self.duration.labels(model),
-                self.queue_wait.labels(model),
-                self.first_token.labels(model),
-                self.tokens.labels(model, token_ref, "prompt"),
-                self.tokens.labels(model, token_ref, "completion"),
             )
-        children.requests.inc()
-        children.duration.observe(record.duration)
+        series.requests.inc()
+        series.duration.observe(record.duration)
         if record.queue_wait is not None:
-            children.queue_wait.observe(record.queue_wait)
-        if record.time_to_first_token is not None:
-            children.first_token.observe(record.time_to_first_token)
-        if record.upstream_failure is not None and record.provider is not None:
-            self.upstream_errors.labels(
-                record.node or "", record.provider, record.upstream_failure
-            ).inc()
-        for node, provider, reason, code in record.failovers:
-            self.failovers.labels(model, reason).inc()
-            self.upstream_errors.labels(node, provider, code).inc()
+            if series.queue_wait is None:
+                series.queue_wait = self.queue_wait.labels(model)
+            series.queue_wait.observe(record.queue_wait)
+        if record.stream and record.time_to_first_token is not None:
+            if series.first_token is None:
+                series.first_token = self.first_token.labels(model)
+            series.first_token.observe(record.time_to_first_token)
+        if record.attempts:
+            self._observe_attempts(record, model)
         usage = record.usage
         if usage.prompt_tokens:
-            children.prompt_tokens.inc(usage.prompt_tokens)
+            if series.prompt_tokens is None:
+                series.prompt_tokens = self.tokens.labels(model, token_ref, "prompt")
+            series.prompt_tokens.inc(usage.prompt_tokens)
         if usage.completion_tokens:
-            children.completion_tokens.inc(usage.completion_tokens)
+            if series.completion_tokens is None:
+                series.completion_tokens = self.tokens.labels(model, token_ref, "completion")
+            series.completion_tokens.inc(usage.completion_tokens)
         if usage.estimated:  # (cli only; a label look-up next to a process start is noise)
             for direction, count in (
                 ("prompt", usage.prompt_tokens),
@@ -377,6 +296,46 @@ class EdgeMetrics:
             ):
                 if count:
                     self.tokens_estimated.labels(model, token_ref, direction).inc(count)
+
+    def _observe_attempts(self, record: RequestRecord, model: str) -> None:
+        """One provider observation per upstream attempt: each failed-over one, then the last
+        one unless the request never got another provider after failing over."""
+        for failed in record.failovers:
+            self.failovers.labels(model, failed.kind).inc()
+            self._attempt(failed.node, failed.provider, _attempt_code(failed.code), failed.duration)
+            self._upstream_error(failed.node, failed.provider, failed.code)
+        if record.attempts <= len(record.failovers):
+            return
+        node = record.node or ""
+        # A model route's attempts are its pseudo-provider's (as in the slot gauges), never
+        # the adapter's name: provider ids and adapter names are different namespaces.
+        provider = route_provider(model) if model in self._routes else record.provider or ""
+        failure = record.upstream_failure
+        code = record.code if failure is None else _attempt_code(failure)
+        ended = record.started + record.duration
+        self._attempt(node, provider, code, ended - record.attempt_started)
+        if failure is not None:
+            self._upstream_error(node, provider, failure)
+
+    def _attempt(self, node: str, provider: str, code: str, duration: float) -> None:
+        key = (node, provider, code)
+        children = self._attempts.get(key)
+        if children is None:
+            children = self._attempts[key] = (
+                self.provider_requests.labels(node, provider, code),
+                self.provider_duration.labels(node, provider),
+            )
+        children[0].inc()
+        children[1].observe(duration)
+
+    def _upstream_error(self, node: str, provider: str, failure: str) -> None:
+        key = (node, provider, failure)
+        child = self._errors.get(key)
+        if child is None:
+            child = self._errors[key] = self.upstream_errors.labels(
+                node, provider, *_error_labels(failure)
+            )
+        child.inc()
 
     def observe_refresh(self, record: RefreshRecord) -> None:
         """Count one finished (apply-mode) refresh."""

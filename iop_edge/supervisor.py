@@ -329,14 +329,23 @@ class Supervisor:
         result = record.result
         if result.result != "rejected":
             self.last_success_at = record.at
-        self._log.info(
+        # A rejected reload is a warning: the file on disk is not what runs. Each change is
+        # logged with its old and new values, redacted as in the refresh result.
+        log = self._log.warning if result.result == "rejected" else self._log.info
+        log(
             "config_refresh",
             trigger=record.trigger,
             result=result.result,
             hash=self.running_hash,
             generation=self.generation,
             changes=[
-                {"path": e.path, "class": e.change_class, "applied": e.applied}
+                {
+                    "path": e.path,
+                    "class": e.change_class,
+                    "old": e.old,
+                    "new": e.new,
+                    "applied": e.applied,
+                }
                 for e in result.report
             ],
             errors=[f"{e.path}: {e.message}" if e.path else e.message for e in result.errors],

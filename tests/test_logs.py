@@ -1,11 +1,19 @@
-"""Structured logs: the fast request line and structlog agree on the shape."""
+"""Structured logs: the fast request line and structlog agree on the shape; upstream failures
+and rejected reloads are warnings; a refresh's line shows each change, secrets redacted."""
 
 from __future__ import annotations
 
 import io
 import json
+from typing import Any
 
-from iop_edge.logs import configure_logging, flush_logs, get_logger
+import openai
+import pytest
+
+from iop_edge.logs import configure_logging, flush_logs, get_logger, request_level
+from iop_edge.testing.fake_behavior import FakeBehavior
+from iop_edge.testing.fake_openai import FakeOpenAI
+from tests.helpers import doc_for, dump, edge_on
 
 
 def test_json_request_lines_carry_the_same_keys_as_other_events():
@@ -40,3 +48,97 @@ def test_warning_level_drops_request_lines_and_console_format_renders_them():
     flush_logs()
     assert "request" in stream.getvalue()
     assert "request_id=r2" in stream.getvalue()
+
+
+def lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    flush_logs()
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_a_request_an_upstream_failed_logs_at_warning(fmt):
+    """Issue 15: a request whose answer is an upstream failure, or that failed over from a
+    provider, is a warning — kept by a log at level ``warning``, which drops the others."""
+    failed = {"request_id": "r1", "code": "upstream_timeout", "failed_over": None}
+    retried = {"request_id": "r2", "code": "ok", "failed_over": ["n1/a: connect"]}
+    fine = {"request_id": "r3", "code": "ok", "failed_over": None}
+    assert [request_level(f) for f in (failed, retried, fine)] == ["warning", "warning", "info"]
+    stream = io.StringIO()
+    setup = configure_logging("info", fmt, stream)
+    write = setup.request_line_writer(get_logger())
+    for fields in (failed, retried, fine):
+        write(fields)
+    if fmt == "json":  # the fast writer
+        assert [(x["request_id"], x["level"]) for x in lines(stream)] == [
+            ("r1", "warning"),
+            ("r2", "warning"),
+            ("r3", "info"),
+        ]
+    stream = io.StringIO()
+    setup = configure_logging("warning", fmt, stream)
+    write = setup.request_line_writer(get_logger())
+    for fields in (failed, retried, fine):
+        write(fields)
+    flush_logs()
+    text = stream.getvalue()
+    assert ("r1" in text, "r2" in text, "r3" in text) == (True, True, False)
+
+
+async def test_an_upstream_error_answer_is_logged_at_warning(tmp_path, log_stream):
+    async with (
+        FakeOpenAI(behavior=FakeBehavior(status=500)) as fake,
+        edge_on(tmp_path, doc_for(fake)) as edge,
+        openai.AsyncOpenAI(base_url=edge.daemon.openai_url, api_key="x", max_retries=0) as client,
+    ):
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "x"}]
+            )
+    [line] = [x for x in lines(log_stream) if x["event"] == "request"]
+    assert (line["level"], line["code"], line["provider"]) == ("warning", "upstream_error", "up")
+
+
+async def test_a_refresh_logs_each_change_old_to_new_secrets_redacted(tmp_path, log_stream):
+    """The ``config_refresh`` line lists every changed path with its old and new value,
+    redacted as the refresh result is (a header's value never reaches the log); a rejected
+    reload is a warning."""
+    async with FakeOpenAI() as fake:
+        doc = doc_for(fake)
+        provider = doc["nodes"][0]["providers"][1]
+        provider["headers"] = {"Authorization": "Bearer sk-old-secret-value"}
+        async with edge_on(tmp_path, doc) as edge:
+            provider["capacity"] = 5
+            provider["headers"] = {"Authorization": "Bearer sk-new-secret-value"}
+            edge.path.write_text(dump(doc))
+            assert (await edge.supervisor.refresh("api")).result == "restart_required"
+            doc["provider_pool"]["max_queue"] = -1
+            edge.path.write_text(dump(doc))
+            assert (await edge.supervisor.refresh("api")).result == "rejected"
+    changed, rejected = [x for x in lines(log_stream) if x["event"] == "config_refresh"]
+    assert changed["level"] == "info"
+    assert changed["changes"] == [
+        {
+            "path": "nodes[local].providers[up].capacity",
+            "class": "live",
+            "old": 2,
+            "new": 5,
+            "applied": True,
+        },
+        {
+            "path": "nodes[local].providers[up].headers.Authorization",
+            "class": "restart",
+            "old": "<redacted>",
+            "new": "<redacted>",
+            "applied": False,
+        },
+        {
+            "path": "nodes[local].providers[up].long_context_capacity",
+            "class": "live",
+            "old": 2,
+            "new": 5,
+            "applied": True,
+        },
+    ]
+    assert "secret-value" not in log_stream.getvalue()
+    assert rejected["level"] == "warning"
+    assert rejected["errors"] == ["provider_pool.max_queue: -1 is negative; max_queue must be >= 0"]

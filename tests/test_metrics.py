@@ -11,9 +11,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import iop_edge
+from iop_edge.metrics import latency_buckets
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.helpers import doc_for, edge_on, wait_for
+from tests.helpers import doc_for, dump, edge_on, wait_for
 
 
 async def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -137,7 +139,12 @@ async def test_metrics_parse_and_have_every_metric_of_the_spec(tmp_path):
         samples[
             (
                 "iop_edge_upstream_errors_total",
-                (("kind", "http_500"), ("node", "local"), ("provider", "up")),
+                (
+                    ("node", "local"),
+                    ("provider", "up"),
+                    ("reason", "status"),
+                    ("status_code", "500"),
+                ),
             )
         ]
         == 1
@@ -155,10 +162,170 @@ async def test_metrics_parse_and_have_every_metric_of_the_spec(tmp_path):
         samples[
             (
                 "iop_edge_provider_capacity",
-                (("kind", "general"), ("node", "local"), ("provider", "up")),
+                (("node", "local"), ("provider", "up"), ("slot", "general")),
             )
         ]
         == 2
     )
     assert samples[("iop_edge_provider_enabled", (("node", "local"), ("provider", "up")))] == 1
     assert samples[("iop_edge_request_duration_seconds_count", (("model", "chat"),))] == 3
+
+
+# --- issue 15: per-provider attempts, honest labels, no series ahead of traffic ---------------
+
+
+def samples_of(metrics: dict[str, float], name: str) -> dict[str, float]:
+    """The samples of one metric name in :meth:`Edge.metrics`, keyed as there."""
+    return {k: v for k, v in metrics.items() if k == name or k.startswith(name + "[")}
+
+
+async def test_no_series_exists_before_its_first_value(tmp_path):
+    """A fresh daemon shows no request, attempt or token series; a request for an unknown
+    model leaves its request count and duration only (no token, queue-wait or first-token
+    series); a plain answer observes no time to first token — only a stream does."""
+    async with FakeOpenAI() as fake, edge_on(tmp_path, doc_for(fake)) as edge:
+        fresh = await edge.metrics()
+        async with openai.AsyncOpenAI(
+            base_url=edge.daemon.openai_url, api_key="x", max_retries=0
+        ) as client:
+            with pytest.raises(openai.NotFoundError):
+                await client.chat.completions.create(
+                    model="nope", messages=[{"role": "user", "content": "x"}]
+                )
+            unknown = await edge.metrics()
+            await client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "plain"}]
+            )
+            plain = await edge.metrics()
+            stream = await client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "streamed"}], stream=True
+            )
+            async for _ in stream:
+                pass
+            streamed = await edge.metrics()
+    event_series = (
+        "iop_edge_requests_total",
+        "iop_edge_request_duration_seconds_count",
+        "iop_edge_time_to_first_token_seconds_count",
+        "iop_edge_queue_wait_seconds_count",
+        "iop_edge_tokens_total",
+        "iop_edge_provider_requests_total",
+        "iop_edge_upstream_errors_total",
+        "iop_edge_failovers_total",
+        "iop_edge_config_reloads_total",
+    )
+    assert [name for name in event_series if samples_of(fresh, name)] == []
+    assert [k for k in unknown if "(unknown)" in k and "_bucket" not in k] == [
+        "iop_edge_requests_total[('code', 'model_not_found'), ('model', '(unknown)'), "
+        "('token_ref', 'anonymous')]",
+        "iop_edge_request_duration_seconds_count[('model', '(unknown)')]",
+        "iop_edge_request_duration_seconds_sum[('model', '(unknown)')]",
+    ]
+    assert not samples_of(plain, "iop_edge_time_to_first_token_seconds_count")
+    assert samples_of(streamed, "iop_edge_time_to_first_token_seconds_count") == {
+        "iop_edge_time_to_first_token_seconds_count[('model', 'chat')]": 1
+    }
+
+
+async def test_process_figures_build_info_and_the_queue_limit_are_exported(tmp_path):
+    """prometheus-client's process and platform collectors are on the daemon's registry; the
+    version runs as ``iop_edge_build_info``; ``iop_edge_queue_max`` follows a live change."""
+    async with edge_on(tmp_path, doc_for()) as edge:
+        before = await edge.metrics()
+        doc = doc_for()
+        doc["provider_pool"]["max_queue"] = 20
+        edge.path.write_text(dump(doc))
+        assert (await edge.supervisor.refresh("api")).result == "applied"
+        after = await edge.metrics()
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"):
+        assert before[name] > 0, name
+    assert [k for k in before if k.startswith("python_info")]
+    assert before[f"iop_edge_build_info[('version', '{iop_edge.__version__}')]"] == 1
+    assert (before["iop_edge_queue_max"], after["iop_edge_queue_max"]) == (8, 20)
+
+
+def test_duration_buckets_end_at_the_timeout():
+    assert latency_buckets(600.0)[-3:] == (120.0, 300.0, 600.0)
+    assert latency_buckets(3600.0)[-5:] == (300.0, 600.0, 1200.0, 2400.0, 3600.0)
+    assert latency_buckets(30.0)[-3:] == (10.0, 20.0, 30.0)
+    assert latency_buckets(0.001) == (0.001,)
+
+
+@pytest.mark.parametrize(("timeout_ms", "largest"), [(None, 600.0), (900_000, 900.0)])
+async def test_duration_buckets_reach_the_largest_configured_request_timeout(
+    tmp_path, timeout_ms, largest
+):
+    """The request, first-token and attempt histograms' largest finite bucket is the longest
+    ``request_timeout_ms`` of the config (600 s, the default, when none is set)."""
+    async with FakeOpenAI() as fake:
+        doc = doc_for(fake)
+        if timeout_ms is not None:
+            doc["nodes"][0]["providers"][1]["request_timeout_ms"] = timeout_ms
+        async with edge_on(tmp_path, doc) as edge:
+            async with openai.AsyncOpenAI(
+                base_url=edge.daemon.openai_url, api_key="x", max_retries=0
+            ) as client:
+                stream = await client.chat.completions.create(
+                    model="chat", messages=[{"role": "user", "content": "hi"}], stream=True
+                )
+                async for _ in stream:
+                    pass
+            samples = await scrape(edge.daemon.metrics_url)
+    for name in (
+        "iop_edge_request_duration_seconds_bucket",
+        "iop_edge_time_to_first_token_seconds_bucket",
+        "iop_edge_provider_request_duration_seconds_bucket",
+    ):
+        bounds = sorted(
+            float(dict(labels)["le"])
+            for (sample_name, labels) in samples
+            if sample_name == name and dict(labels)["le"] != "+Inf"
+        )
+        assert bounds[-1] == largest, name
+
+
+async def test_a_model_route_shows_its_slots_and_attempts_but_no_health(tmp_path):
+    """A ``model_routes[]`` entry is admitted on a pseudo-provider ``route:MODEL``: its
+    in-flight slots and its attempts are shown under that name (never under the adapter's
+    name), but it has no health, probes, panic or (without a capacity) slot limit."""
+    async with FakeOpenAI() as fake:
+        doc = doc_for(fake)
+        doc["openai"]["model_routes"] = [
+            {"model": "legacy", "adapter": "oa", "target": "fake-model"}
+        ]
+        async with edge_on(tmp_path, doc) as edge:
+            async with openai.AsyncOpenAI(
+                base_url=edge.daemon.openai_url, api_key="x", max_retries=0
+            ) as client:
+                await client.chat.completions.create(
+                    model="legacy", messages=[{"role": "user", "content": "hi"}]
+                )
+            metrics = await edge.metrics()
+    route = [
+        k for k in metrics if ("route:legacy" in k or "legacy[route]" in k) and "_bucket" not in k
+    ]
+    labels = "[('node', 'local'), ('provider', 'route:legacy')]"
+    assert route == [
+        "iop_edge_provider_requests_total[('code', 'ok'), ('node', 'local'), "
+        "('provider', 'route:legacy')]",
+        f"iop_edge_provider_request_duration_seconds_count{labels}",
+        f"iop_edge_provider_request_duration_seconds_sum{labels}",
+        "iop_edge_provider_in_flight[('node', 'local'), ('provider', 'route:legacy'), "
+        "('slot', 'general')]",
+        f"iop_edge_provider_enabled{labels}",
+    ]
+    assert [k for k in metrics if "'oa'" in k] == []
+
+
+async def test_a_model_left_without_an_enabled_provider_shows_zero(tmp_path):
+    """``iop_edge_model_enabled_providers`` (what IopEdgeModelNoProvider alerts on) drops to 0
+    when a live refresh disables the group's only provider."""
+    async with edge_on(tmp_path, doc_for()) as edge:
+        before = await edge.metrics()
+        doc = doc_for()
+        doc["nodes"][0]["providers"][0]["enabled"] = False
+        edge.path.write_text(dump(doc))
+        assert (await edge.supervisor.refresh("api")).result == "applied"
+        after = await edge.metrics()
+    key = "iop_edge_model_enabled_providers[('model', 'echo')]"
+    assert (before[key], after[key]) == (1, 0)

@@ -5,12 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from iop_edge.adapters.base import Usage
 from iop_edge.api.auth import Principal
 
-__all__ = ["RequestObserver", "RequestRecord"]
+__all__ = ["FailedAttempt", "RequestObserver", "RequestRecord"]
+
+
+class FailedAttempt(NamedTuple):
+    """An attempt that failed over to another provider."""
+
+    node: str
+    provider: str
+    #: how it failed, for the provider's health and the failovers metric (``connect``, ...)
+    kind: str
+    #: the upstream-errors code: ``upstream_error``, ``upstream_timeout`` or ``http_<status>``
+    code: str
+    #: seconds from the attempt's start to its failure
+    duration: float
 
 
 @dataclass(slots=True)
@@ -42,15 +55,19 @@ class RequestRecord:
     cancelled_as: tuple[int, str] = (499, "client_gone")
     #: providers the request was sent to (0: it never got one)
     attempts: int = 0
-    #: the attempts that failed over to another provider: (node, provider, failure kind,
-    #: upstream-errors code), in order
-    failovers: tuple[tuple[str, str, str, str], ...] = ()
+    #: when the current (last) attempt started, on the request's clock
+    attempt_started: float = 0.0
+    #: the attempts that failed over to another provider, in order
+    failovers: tuple[FailedAttempt, ...] = ()
 
-    def failed_over(self, kind: str, code: str) -> None:
-        """The attempt on the current provider failed before the client got a byte, and the
-        request re-entered admission for another provider (it may still time out, be left, or
-        lose its last untried provider while it waits)."""
-        self.failovers = (*self.failovers, (self.node or "", self.provider or "", kind, code))
+    def failed_over(self, kind: str, code: str, ended: float) -> None:
+        """The attempt on the current provider failed (at ``ended``) before the client got a
+        byte, and the request re-entered admission for another provider (it may still time
+        out, be left, or lose its last untried provider while it waits)."""
+        attempt = FailedAttempt(
+            self.node or "", self.provider or "", kind, code, ended - self.attempt_started
+        )
+        self.failovers = (*self.failovers, attempt)
 
     def log_fields(self) -> dict[str, Any]:
         """The fields of the request's log line (never a raw token)."""
@@ -74,7 +91,7 @@ class RequestRecord:
             "usage_estimated": self.usage.estimated,
             "error": self.error,
             "attempts": self.attempts,
-            "failed_over": [f"{f[0]}/{f[1]}: {f[2]}" for f in self.failovers] or None,
+            "failed_over": [f"{f.node}/{f.provider}: {f.kind}" for f in self.failovers] or None,
         }
 
 

@@ -463,7 +463,10 @@ class OpenAIServer:
                 # Recorded as soon as the request re-enters admission (before the wait): a
                 # retry that times out in the queue, or whose client leaves, still counts.
                 retried = functools.partial(
-                    record.failed_over, attempt.failure.kind, _failure_code(attempt.error)
+                    record.failed_over,
+                    attempt.failure.kind,
+                    _failure_code(attempt.error),
+                    self.clock.now(),
                 )
                 lease = await self.scheduler.failover(failed, attempt.failure, retried=retried)
                 if lease is None:  # no retry (or none left): this attempt's error is the answer
@@ -544,6 +547,7 @@ class OpenAIServer:
         first byte comes back as :class:`_Failed` and every outcome is told to the lease;
         without (a model route), failures are answered as they are."""
         record.attempts += 1
+        record.attempt_started = self.clock.now()
         try:
             if not call.stream:
                 return self._answer(record, await executor.complete(call), lease)

@@ -222,11 +222,12 @@ class Fault:
     refused: bool = False
 
     @property
-    def kind(self) -> str:
-        """The ``kind`` label of ``iop_edge_upstream_errors_total`` for the failed attempt."""
+    def error_labels(self) -> dict[str, str]:
+        """The ``reason`` and ``status_code`` labels of ``iop_edge_upstream_errors_total`` for
+        the failed attempt."""
         if self.behavior is not None and self.behavior.status != 200:
-            return f"http_{self.behavior.status}"
-        return "upstream_timeout" if self.reason == "timeout" else "upstream_error"
+            return {"reason": "status", "status_code": str(self.behavior.status)}
+        return {"reason": "timeout" if self.reason == "timeout" else "error", "status_code": ""}
 
 
 HTTP_FAULTS = {

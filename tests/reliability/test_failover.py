@@ -70,7 +70,9 @@ async def test_a_provider_failure_before_the_first_byte_fails_over_to_a_healthy_
             assert well_fake.total_requests == 1
     assert answer == Answer("well", "hello edge")
     assert failovers(metrics) == {fault.reason: 1}
-    errors = sample("iop_edge_upstream_errors_total", node="n1", provider="sick", kind=fault.kind)
+    errors = sample(
+        "iop_edge_upstream_errors_total", node="n1", provider="sick", **fault.error_labels
+    )
     assert metrics[errors] == 1
     assert (stats.submitted, stats.admitted, stats.failovers) == (1, 2, 1)
     assert health.health == "unknown"  # one failure of three: not ejected
@@ -259,8 +261,14 @@ async def test_with_no_untried_provider_left_the_last_upstream_error_is_returned
     assert caught.value.response.headers["x-iop-provider"] == "b"
     assert failures == [1, 1]
     assert failovers(metrics) == {"status_5xx": 1}
-    for pid, kind in (("a", "http_503"), ("b", "http_502")):
-        key = sample("iop_edge_upstream_errors_total", node="n1", provider=pid, kind=kind)
+    for pid, status in (("a", "503"), ("b", "502")):
+        key = sample(
+            "iop_edge_upstream_errors_total",
+            node="n1",
+            provider=pid,
+            reason="status",
+            status_code=status,
+        )
         assert metrics[key] == 1
     assert (stats.admitted, stats.failovers) == (2, 1)
 
@@ -315,5 +323,11 @@ async def test_a_request_waiting_for_its_retry_keeps_its_arrival_time_and_can_le
     assert (line["provider"], line["failed_over"]) == ("sick", ["n1/sick: status_5xx"])
     assert line["attempts"] == 1  # the retry never reached a provider
     assert failovers(metrics) == {"status_5xx": 1}
-    errors = sample("iop_edge_upstream_errors_total", node="n1", provider="sick", kind="http_503")
+    errors = sample(
+        "iop_edge_upstream_errors_total",
+        node="n1",
+        provider="sick",
+        reason="status",
+        status_code="503",
+    )
     assert metrics[errors] == 1

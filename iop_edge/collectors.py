@@ -1,0 +1,274 @@
+"""The metrics read at scrape time (SPEC §9): the scheduler's state, the supervisor's running
+config, the listeners' connections and the handover this process took over by.
+
+Each collector reads one snapshot (``statistics()``) per scrape and yields its families: one
+source of truth, nothing counted twice. A series exists only for a thing that exists: a
+configured provider, model group, principal or listener — never a placeholder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from iop_edge.config.policy import ROUTE_UNBOUNDED, route_group, route_provider
+from iop_edge.pool import PoolStatistics
+
+if TYPE_CHECKING:
+    from iop_edge.handover import HandoverStatistics
+    from iop_edge.listeners import ListenerStatistics
+    from iop_edge.supervisor import Supervisor
+
+__all__ = ["HandoverCollector", "ListenerCollector", "StateCollector"]
+
+
+class StateCollector(Collector):
+    """Gauges and counters read at scrape time from the scheduler and the supervisor.
+
+    ``routes`` are the ``openai.model_routes[]`` models (restart-class: fixed for the process):
+    the scheduler admits each as a group of one pseudo-provider ``route:MODEL``. Their slots are
+    shown (``iop_edge_provider_in_flight``, and ``_capacity`` when the route has one), but no
+    health series: a route has no health, no probe and no panic.
+    """
+
+    def __init__(
+        self,
+        statistics: Callable[[], PoolStatistics],
+        supervisor: Callable[[], Supervisor | None],
+        routes: Collection[str] = (),
+    ) -> None:
+        self._statistics = statistics
+        self._supervisor = supervisor
+        self._route_providers = frozenset(route_provider(m) for m in routes)
+        self._route_groups = frozenset(route_group(m) for m in routes)
+
+    def collect(self) -> Iterator[Metric]:
+        """One consistent snapshot per scrape."""
+        stats = self._statistics()
+        yield GaugeMetricFamily(
+            "iop_edge_queue_depth",
+            "Requests waiting in the admission queue.",
+            value=stats.queue_depth,
+        )
+        yield GaugeMetricFamily(
+            "iop_edge_queue_max",
+            "The queue's limit (provider_pool.max_queue, live).",
+            value=stats.max_queue,
+        )
+        rejected = CounterMetricFamily(
+            "iop_edge_admission_rejected",
+            "Requests the scheduler refused or dropped, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(stats.rejected.items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        yield from self._principals(stats)
+        yield from self._providers(stats)
+        yield from self._groups(stats)
+        supervisor = self._supervisor()
+        if supervisor is not None:
+            yield from _config(supervisor)
+
+    @staticmethod
+    def _principals(stats: PoolStatistics) -> Iterator[Metric]:
+        principal_in_flight = GaugeMetricFamily(
+            "iop_edge_principal_in_flight",
+            "Leases a principal holds, pool-wide (configured principals and anonymous only).",
+            labels=["principal"],
+        )
+        principal_queued = GaugeMetricFamily(
+            "iop_edge_principal_queued",
+            "Requests of a principal waiting in the admission queue.",
+            labels=["principal"],
+        )
+        for share in stats.principals:
+            principal_in_flight.add_metric([share.principal], share.in_flight)
+            principal_queued.add_metric([share.principal], share.queued)
+        yield principal_in_flight
+        yield principal_queued
+
+    def _providers(self, stats: PoolStatistics) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "iop_edge_provider_in_flight",
+            "Requests running on a provider, by slot (general|long); a long-context request "
+            "holds a long slot and counts against the provider's capacity too.",
+            labels=["node", "provider", "slot"],
+        )
+        capacity = GaugeMetricFamily(
+            "iop_edge_provider_capacity",
+            "Slots of a provider by slot (general: capacity, long: long_context_capacity); 0 "
+            "when disabled.",
+            labels=["node", "provider", "slot"],
+        )
+        enabled = GaugeMetricFamily(
+            "iop_edge_provider_enabled",
+            "1 when the provider is a dispatch candidate.",
+            labels=["node", "provider"],
+        )
+        up = GaugeMetricFamily(
+            "iop_edge_provider_up",
+            "1 unless the provider is ejected by its health (held out by a 429 counts as up).",
+            labels=["node", "provider"],
+        )
+        ejections = CounterMetricFamily(
+            "iop_edge_provider_ejections",
+            "Times the provider was ejected (or its ejection renewed) for failing.",
+            labels=["node", "provider"],
+        )
+        probes = CounterMetricFamily(
+            "iop_edge_health_probes",
+            "Health checks of ejected providers, by result.",
+            labels=["node", "provider", "result"],
+        )
+        routes = self._route_providers
+        for p in stats.providers:
+            key = [p.node_id, p.provider_id]
+            general = p.in_flight - p.long_in_flight
+            in_flight.add_metric([*key, "general"], general)
+            if p.provider_id in routes:
+                # A route has no long slots and no health; without a capacity it has no limit.
+                if p.capacity != ROUTE_UNBOUNDED:
+                    capacity.add_metric([*key, "general"], p.capacity)
+                enabled.add_metric(key, 1 if p.enabled else 0)
+                continue
+            in_flight.add_metric([*key, "long"], p.long_in_flight)
+            capacity.add_metric([*key, "general"], p.capacity)
+            capacity.add_metric([*key, "long"], p.long_context_capacity)
+            enabled.add_metric(key, 1 if p.enabled else 0)
+            ejected = p.ejected_until is not None or p.half_open
+            up.add_metric(key, 0 if ejected else 1)
+            ejections.add_metric(key, p.ejections)
+            probes.add_metric([*key, "ok"], p.probes_ok)
+            probes.add_metric([*key, "failed"], p.probes_failed)
+        yield in_flight
+        yield capacity
+        yield enabled
+        yield up
+        yield ejections
+        yield probes
+
+    def _groups(self, stats: PoolStatistics) -> Iterator[Metric]:
+        members = GaugeMetricFamily(
+            "iop_edge_model_enabled_providers",
+            "Enabled providers of a model group (0: its requests fail at once with "
+            "no_available_provider). MODEL[completions] is the group serving /v1/completions "
+            "(its openai_compat providers).",
+            labels=["model"],
+        )
+        panic = GaugeMetricFamily(
+            "iop_edge_model_panic",
+            "1 while every enabled provider of the model group is out, ejected or held by a "
+            "429 (panic: health is ignored for the group).",
+            labels=["model"],
+        )
+        for group in stats.groups:
+            if group.group_id in self._route_groups:
+                continue
+            members.add_metric([group.group_id], group.members)
+            panic.add_metric([group.group_id], 1 if group.panic else 0)
+        yield members
+        yield panic
+
+
+def _config(supervisor: Supervisor) -> Iterator[Metric]:
+    info = GaugeMetricFamily(
+        "iop_edge_config_info", "The running config (its content hash).", labels=["hash"]
+    )
+    info.add_metric([supervisor.running_hash], 1)
+    yield info
+    last = supervisor.last
+    ok = last is None or last.result.result != "rejected"
+    yield GaugeMetricFamily(
+        "iop_edge_config_last_reload_successful",
+        "1 when the last reload was not rejected.",
+        value=1 if ok else 0,
+    )
+    yield GaugeMetricFamily(
+        "iop_edge_config_last_reload_success_timestamp_seconds",
+        "Unix time of the last reload that was not rejected (or of the start).",
+        value=supervisor.last_success_at or 0,
+    )
+    yield GaugeMetricFamily(
+        "iop_edge_config_restart_pending",
+        "Config changes saved but waiting for a restart.",
+        value=len(supervisor.restart_pending),
+    )
+
+
+class ListenerCollector(Collector):
+    """The listeners' connections and what their guards refused or cut, read at scrape time
+    from each :meth:`iop_edge.listeners.Listener.statistics`."""
+
+    def __init__(self, listeners: Callable[[], Iterable[ListenerStatistics]]) -> None:
+        self._listeners = listeners
+
+    def collect(self) -> Iterator[Metric]:
+        """One snapshot of every bound listener."""
+        open_now = GaugeMetricFamily(
+            "iop_edge_listener_connections",
+            "Open client connections of a listener.",
+            labels=["listener"],
+        )
+        limit = GaugeMetricFamily(
+            "iop_edge_listener_max_connections",
+            "The connection cap of a listener.",
+            labels=["listener"],
+        )
+        events = CounterMetricFamily(
+            "iop_edge_listener_connection_events",
+            "Connections a listener refused at its cap, closed for a slow request head, or "
+            "cut because the client took no data.",
+            labels=["listener", "event"],
+        )
+        for stats in self._listeners():
+            open_now.add_metric([stats.name], stats.open_connections)
+            limit.add_metric([stats.name], stats.max_connections)
+            events.add_metric([stats.name, "refused"], stats.refused)
+            events.add_metric([stats.name, "header_timeout"], stats.header_timeouts)
+            events.add_metric([stats.name, "write_stall"], stats.write_stalls)
+        yield open_now
+        yield limit
+        yield events
+
+
+class HandoverCollector(Collector):
+    """The handover this process took over by (none: no series), read at scrape time."""
+
+    def __init__(self, handover: Callable[[], HandoverStatistics | None]) -> None:
+        self._handover = handover
+
+    def collect(self) -> Iterator[Metric]:
+        """The figures of the last handover, if this process was started by one."""
+        taken = self._handover()
+        if taken is None:
+            return
+        yield GaugeMetricFamily(
+            "iop_edge_handover_timestamp_seconds",
+            "Unix time this process took over from the old one (iop-edge restart).",
+            value=taken.at,
+        )
+        yield GaugeMetricFamily(
+            "iop_edge_handover_duration_seconds",
+            "Seconds from the restart's start in the old process to this one accepting.",
+            value=taken.duration,
+        )
+        yield GaugeMetricFamily(
+            "iop_edge_handover_inherited_leases",
+            "Provider slots the old process still held when it handed over, counted here.",
+            value=taken.inherited_leases,
+        )
+        yield GaugeMetricFamily(
+            "iop_edge_handover_inherited_leases_held",
+            "Of those, the slots the old process holds still (0 once it exited).",
+            value=taken.inherited_held,
+        )
+        yield CounterMetricFamily(
+            "iop_edge_handover_relayed_requests",
+            "Requests the old process relayed here (queued there, or sent on a connection "
+            "kept alive with it).",
+            value=taken.relayed_requests,
+        )
