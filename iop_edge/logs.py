@@ -122,9 +122,13 @@ UPSTREAM_FAILURE_CODES: Final = frozenset({"upstream_error", "upstream_timeout"}
 
 def request_level(fields: dict[str, Any]) -> str:
     """``warning`` for the line of a request an upstream failed (its answer's ``code`` says so,
-    or an attempt failed over to another provider: ``failed_over``), else ``info``."""
-    if fields.get("code") in UPSTREAM_FAILURE_CODES or fields.get("failed_over"):
+    or an attempt failed over to another provider: ``failed_over``), else ``info``. An upstream
+    that answered a 4xx other than 429 refused the request, not failed it: ``info``."""
+    if fields.get("failed_over"):
         return "warning"
+    if fields.get("code") in UPSTREAM_FAILURE_CODES:
+        status = fields.get("status", 0)
+        return "info" if 400 <= status < 500 and status != 429 else "warning"
     return "info"
 
 

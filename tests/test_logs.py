@@ -84,18 +84,28 @@ def test_a_request_an_upstream_failed_logs_at_warning(fmt):
     assert ("r1" in text, "r2" in text, "r3" in text) == (True, True, False)
 
 
-async def test_an_upstream_error_answer_is_logged_at_warning(tmp_path, log_stream):
+@pytest.mark.parametrize(
+    ("status", "raised", "level"),
+    [
+        (500, openai.InternalServerError, "warning"),
+        (429, openai.RateLimitError, "warning"),
+        (400, openai.BadRequestError, "info"),  # the upstream refused the request: no failure
+    ],
+)
+async def test_an_upstream_error_answer_is_logged_at_warning_unless_it_refused_the_request(
+    tmp_path, log_stream, status, raised, level
+):
     async with (
-        FakeOpenAI(behavior=FakeBehavior(status=500)) as fake,
+        FakeOpenAI(behavior=FakeBehavior(status=status)) as fake,
         edge_on(tmp_path, doc_for(fake)) as edge,
         openai.AsyncOpenAI(base_url=edge.daemon.openai_url, api_key="x", max_retries=0) as client,
     ):
-        with pytest.raises(openai.InternalServerError):
+        with pytest.raises(raised):
             await client.chat.completions.create(
                 model="chat", messages=[{"role": "user", "content": "x"}]
             )
     [line] = [x for x in lines(log_stream) if x["event"] == "request"]
-    assert (line["level"], line["code"], line["provider"]) == ("warning", "upstream_error", "up")
+    assert (line["level"], line["code"], line["status"]) == (level, "upstream_error", status)
 
 
 async def test_a_refresh_logs_each_change_old_to_new_secrets_redacted(tmp_path, log_stream):
