@@ -271,7 +271,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         import uvloop
 
-        return uvloop.run(daemon.run(early_sighups=hup))
+        from iop_edge.errors import ListenError
+
+        try:
+            return uvloop.run(daemon.run(early_sighups=hup))
+        except ListenError as exc:  # (the daemon has stopped what it had started)
+            print(f"iop-edge serve: {exc}", file=sys.stderr)
+            return EXIT_INVALID
 
 
 DEFAULT_CONSOLE = "127.0.0.1:7601"
