@@ -440,6 +440,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _own_command() -> list[str]:
     """The command that started this process, runnable again (``iop-edge restart`` starts
     the successor with it, so an upgraded package takes effect)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:  # `python -m iop_edge` (or iop_edge.cli): argv[0] is a module's file
+        return [sys.executable, "-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
     program = sys.argv[0]
     if os.sep not in program:
         program = shutil.which(program) or program
