@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from iop_edge.cli import format_status
-from iop_edge.config import load_config
+from iop_edge.config import dump_config, load_config, parse_config
+from iop_edge.config.refresh import config_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = str(ROOT / "configs/edge.yaml")
@@ -67,6 +68,26 @@ def test_validate_an_invalid_file_exits_1_with_one_line_per_problem(tmp_path):
     }
 
 
+@pytest.mark.parametrize(
+    "config",
+    sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml")),
+)
+def test_every_shipped_config_validates_with_an_empty_environment(config):
+    """What a new user does first, before setting any secret: ``env -i iop-edge config
+    validate``. A secret an example needs has a ``${VAR:-default}`` placeholder."""
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("iop-edge")), "config", "validate", config],
+        capture_output=True,
+        text=True,
+        env={},
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert result.stdout == f"{config}: valid\n"
+
+
 def test_validate_json_on_a_valid_file():
     result = run("config", "validate", SHIPPED, "--json")
     assert (result.returncode, json.loads(result.stdout)) == (0, {"valid": True, "errors": []})
@@ -116,6 +137,45 @@ def test_show_prints_the_effective_config_with_secrets_redacted():
     checks = {p["id"]: p["health_check"] for n in shown["nodes"] for p in n["providers"]}
     assert checks["vllm-a"] == {"path": "/models", "timeout_ms": 2000}
     assert all(c is False or c["path"] in ("/models", "/api/tags") for c in checks.values())
+
+
+def leaves(data: Any, path: str = "") -> dict[str, Any]:
+    """Every leaf of a nested document by its path (lists by position)."""
+    if isinstance(data, dict):
+        return {
+            k: v for key, item in data.items() for k, v in leaves(item, f"{path}.{key}").items()
+        }
+    if isinstance(data, list) and data and isinstance(data[0], (dict, list)):
+        return {
+            k: v for i, item in enumerate(data) for k, v in leaves(item, f"{path}[{i}]").items()
+        }
+    return {path: data}
+
+
+@pytest.mark.parametrize("form", [(), ("--json",)], ids=["yaml", "json"])
+def test_config_show_loads_back_as_the_same_effective_config(form):
+    """README "The effective config": the output of ``config show`` (YAML or JSON) loads as
+    the same effective config — exactly for a config without secrets; with them, the only
+    differences are the values printed as ``<redacted>``."""
+    shipped = load_config(Path(SHIPPED).read_text(), env={})
+    shown = run("config", "show", SHIPPED, *form)
+    assert shown.returncode == 0
+    again = parse_config(yaml.safe_load(shown.stdout))
+    assert again == shipped
+    assert config_hash(again) == config_hash(shipped)
+    env = {"OPENAI_API_KEY": "sk-very-secret"}
+    full = load_config(Path(FULL).read_text(), env=env)
+    shown_full = yaml.safe_load(run("config", "show", FULL, *form, env=env).stdout)
+    original, printed = leaves(dump_config(full)), leaves(shown_full)
+    assert original.keys() == printed.keys()
+    differ = {path for path in original if original[path] != printed[path]}
+    assert differ == {
+        ".nodes[0].adapters[2].headers.Authorization",
+        ".nodes[1].providers[0].env.CLAUDE_CONFIG_DIR",
+        ".openai.principal_tokens[0].token_hash_sha256",
+        ".openai.principal_tokens[1].token_hash_sha256",
+    }
+    assert all(printed[path] == "<redacted>" for path in differ)
 
 
 def test_payload_prints_one_node_as_json():
@@ -276,13 +336,11 @@ def test_offline_refresh_prints_a_table(tmp_path):
 
 
 def test_an_offline_dry_run_says_what_would_happen_not_what_happened(tmp_path):
-    running, candidate = refresh_files(
-        tmp_path,
-        lambda d: (
-            d["nodes"][0]["providers"][0].update({"capacity": 2}),
-            d["logging"].update({"level": "debug"}),
-        ),
-    )
+    def edit(doc: dict[str, Any]) -> None:
+        doc["nodes"][0]["providers"][0]["capacity"] = 2
+        doc["logging"]["level"] = "debug"
+
+    running, candidate = refresh_files(tmp_path, edit)
     result = run("config", "refresh", "--offline", running, "--candidate", candidate)
     assert result.returncode == 3
     lines = result.stdout.splitlines()
