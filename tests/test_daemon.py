@@ -223,7 +223,7 @@ def test_the_unit_file_passes_systemd_analyze_verify(tmp_path):
     assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
     # verify checks that ExecStart exists: point it at this checkout's iop-edge
     local = tmp_path / "iop-edge.service"
-    local.write_text(unit.replace("/opt/iop-edge/.venv/bin/iop-edge", IOP_EDGE))
+    local.write_text(unit.replace("/opt/iop-edge/bin/iop-edge", IOP_EDGE))
     result = subprocess.run(
         ["systemd-analyze", "verify", str(local)],
         capture_output=True,
