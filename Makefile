@@ -57,6 +57,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check iop_edge tests bench tools
 	$(BIN)/ruff format --check iop_edge tests bench tools
 	$(BIN)/mypy
+	$(BIN)/hadolint Dockerfile
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

@@ -440,6 +440,12 @@ class Daemon:
             return {"result": "rejected", "message": "a handover is already in progress"}
         if not self.argv or self.config_path is None:
             return {"result": "rejected", "message": "this process has no command to restart"}
+        if os.getpid() == 1:  # a container's init: when it exits, the container stops
+            return {
+                "result": "rejected",
+                "message": "this process is PID 1 (a container's init): the container would "
+                "stop with it; restart the container instead (SIGTERM drains it)",
+            }
         try:
             candidate = load_config_file(str(self.config_path), self.env)
         except ConfigError as exc:
