@@ -370,8 +370,7 @@ def bind_failure(name: str, address: ListenAddress, exc: OSError) -> str:
     if reason is None:
         reason = exc.strerror or str(exc)
     return (
-        f"the {name} listener cannot listen on {address} ({name}.listen): "
-        f"{reason.format(who=who)}"
+        f"the {name} listener cannot listen on {address} ({name}.listen): {reason.format(who=who)}"
     )
 
 
