@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from iop_edge.cli import main
 from iop_edge.runtime_record import find_record, record_name, runtime_directories, write_record
 from tests.helpers import BOUND, IOP_EDGE, doc_for, dump, edge_on, wait_for
 
@@ -232,3 +233,34 @@ def test_reload_watch_takes_a_boolean_only(tmp_path, watch):
     result = cli("config", "validate", str(config))
     assert result.returncode == 1
     assert result.stderr.startswith(f"reload.watch: {watch!r} is invalid")
+
+
+async def test_the_cli_in_this_process_finds_an_edge_through_its_record(tmp_path, capsys):
+    """The same lookups, with ``iop_edge.cli.main`` called in this process (its console on
+    port 0: only the record knows where): status, a candidate's dry run, and the fallback once
+    the daemon is gone and the file does not load."""
+    async with edge_on(tmp_path, doc_for()) as edge:
+        path = str(edge.path)
+        assert await asyncio.to_thread(main, ["status", "--config", path, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["config"]["path"] == path
+        candidate = tmp_path / "candidate.yaml"
+        candidate.write_text(dump(doc_for(capacity=3)))
+        code = await asyncio.to_thread(
+            main, ["config", "refresh", "--config", path, "--candidate", str(candidate)]
+        )
+        assert code == 0
+        assert capsys.readouterr().out.startswith("result: would apply (dry run")
+        assert edge.capacity() == 2
+    edge.path.write_text("{")
+    code = await asyncio.to_thread(
+        main, ["status", "--config", str(edge.path), "--console", "http://127.0.0.1:1"]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("iop-edge status: cannot reach the admin API at http://127.0.0.1:1")
+    assert "(--console)" in err
+    # (a GET: whatever may listen on the default address of this machine is only asked)
+    await asyncio.to_thread(main, ["status", "--config", str(edge.path)])
+    assert capsys.readouterr().err.startswith(
+        f"iop-edge status: the config {edge.path} does not load ("
+    )
