@@ -4,17 +4,44 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= configs/edge.yaml
+# The runtime dependencies pinned to what CI tests (`make lock` writes it from the dev venv).
+LOCK   := requirements.lock
+# Where `make install` puts the production venv (deploy/iop-edge.service runs PREFIX/bin/iop-edge).
+PREFIX ?= /opt/iop-edge
 
-.PHONY: run test lint bench bench-peers setup clean
+.PHONY: run test lint bench bench-peers setup lock install clean
 
-# Create the venv when missing and (re)install the project when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# Create the venv when missing and (re)install the project when pyproject.toml or the lock
+# changes. The runtime dependencies are installed at the lock's versions, so the tests run
+# against exactly what `make install` puts in production.
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[dev]'
 	@touch $(STAMP)
 
 setup: $(STAMP)
+
+# After a dependency changed in pyproject.toml: upgrade the dev venv to the newest versions
+# pyproject allows (no lock), then pin its runtime dependencies in the lock. Run the tests,
+# commit both.
+lock:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev]'
+	$(BIN)/python tools/lock_runtime.py
+	@touch $(STAMP)
+
+# A production install: a venv at PREFIX holding iop-edge and its runtime dependencies at the
+# lock's versions (no test or lint tools), the docs, deploy/ and configs/ under
+# PREFIX/share/iop-edge. Run it again to upgrade in place.
+install:
+	$(PYTHON) -m venv --upgrade-deps $(PREFIX)
+	$(PREFIX)/bin/python -m pip install --upgrade -c $(LOCK) .
+	install -d $(PREFIX)/share/iop-edge
+	install -m 0644 README.md LICENSE CHANGELOG.md $(PREFIX)/share/iop-edge/
+	cp -R deploy configs $(PREFIX)/share/iop-edge/
+	@echo "installed: $(PREFIX)/bin/iop-edge ($$($(PREFIX)/bin/iop-edge --version))"
 
 run: $(STAMP)
 	$(BIN)/iop-edge serve --config $(CONFIG)
@@ -27,9 +54,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
 
 lint: $(STAMP)
-	$(BIN)/ruff check iop_edge tests bench
-	$(BIN)/ruff format --check iop_edge tests bench
+	$(BIN)/ruff check iop_edge tests bench tools
+	$(BIN)/ruff format --check iop_edge tests bench tools
 	$(BIN)/mypy
+	$(BIN)/hadolint Dockerfile
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

@@ -20,21 +20,25 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
 import yaml
+from pydantic import ValidationError
 
 from iop_edge import __version__
 from iop_edge.api.auth import ADMIN_TOKEN_ENV
 from iop_edge.config import ConfigError, EdgeConfig, dump_config
 from iop_edge.config.address import ListenAddress
-from iop_edge.config.load import parse_yaml
+from iop_edge.config.load import parse_yaml, problems_from_validation_error
+from iop_edge.config.paths import item_label
 from iop_edge.config.payload import node_payload
 from iop_edge.config.redact import redact
 from iop_edge.config.refresh import Outcome, RefreshResult, refresh
 from iop_edge.config.schema import PrincipalToken
 from iop_edge.config_file import load_config_file, read_config_text
+from iop_edge.runtime_record import find_record
 from iop_edge.tokens import new_token, token_hash
 
 # The exit codes of every command, in one table (README "Command line").
@@ -121,7 +125,16 @@ def cmd_config_payload(args: argparse.Namespace) -> int:
 
 def format_refresh(result: RefreshResult) -> str:
     """A refresh result as a readable table (the JSON form is ``result.to_json()``)."""
-    lines = [f"result: {result.result} (mode {result.mode})"]
+    dry = result.mode == "dry_run"
+    if dry:
+        verdict = {
+            "applied": "would apply",
+            "restart_required": "would need a restart",
+            "rejected": "would be rejected",
+        }[result.result]
+        lines = [f"result: {verdict} (dry run: nothing was applied)"]
+    else:
+        lines = [f"result: {result.result} (mode {result.mode})"]
     for label, ids in (
         ("nodes", result.changed_nodes),
         ("providers", result.changed_providers),
@@ -130,10 +143,13 @@ def format_refresh(result: RefreshResult) -> str:
         if ids:
             lines.append(f"changed {label}: {', '.join(ids)}")
     if result.report:
-        rows = [("CLASS", "APPLIED", "PATH", "OLD", "NEW")] + [
+        # A dry run says what an apply would take: the live changes, unless they cannot
+        # stand alone (errors).
+        would = not result.errors
+        rows = [("CLASS", "WOULD APPLY" if dry else "APPLIED", "PATH", "OLD", "NEW")] + [
             (
                 e.change_class,
-                "yes" if e.applied else "no",
+                "yes" if (e.change_class == "live" and would if dry else e.applied) else "no",
                 e.path,
                 _cell(e.old),
                 _cell(e.new),
@@ -166,26 +182,39 @@ def _cell(value: Any) -> str:
 
 
 def cmd_config_refresh(args: argparse.Namespace) -> int:
-    """``iop-edge config refresh [--dry-run|--apply] [--config FILE] [--console URL]``.
+    """``iop-edge config refresh [--dry-run|--apply] [--candidate FILE] [--config FILE]``.
 
-    Online, the running daemon reads its config file and answers (``--apply`` applies the live
-    part). With ``--offline RUNNING.yaml`` nothing runs: the result says what a daemon running
-    RUNNING.yaml would do with the candidate FILE.
+    Online, the running daemon (of ``--config``) reads its own config file and answers
+    (``--apply`` applies the live part); with ``--candidate FILE`` it judges that file's text
+    instead, as a dry run, and its own file is not touched. With ``--offline RUNNING.yaml``
+    nothing runs: the result says what a daemon running RUNNING.yaml would do with the
+    candidate (``--candidate``, else ``--config``).
     """
+    if args.candidate and args.apply:
+        print(
+            "iop-edge config refresh: --candidate is judged as a dry run only; to apply it, "
+            "write it to the daemon's config file and run iop-edge config refresh --apply",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     mode = "apply" if args.apply else "dry_run"
     if not args.offline:
-        url = f"{_console_url(args)}/admin/config/refresh?mode={mode}"
-        try:
-            data = _admin_call(url, "POST", _admin_token(args))
-        except AdminCallError as exc:
-            print(f"iop-edge config refresh: {exc}", file=sys.stderr)
-            return EXIT_INVALID
-        except OSError as exc:
-            print(
-                f"iop-edge config refresh: cannot reach the daemon's admin API at {url}: {exc} "
-                "(use --offline RUNNING.yaml to compare files without a daemon)",
-                file=sys.stderr,
-            )
+        body = None
+        if args.candidate:
+            try:
+                body = {"candidate": read_config_text(args.candidate), "source": args.candidate}
+            except ConfigError as exc:
+                _print_problems(exc, False)
+                return EXIT_INVALID
+        data = _call_console(
+            "config refresh",
+            args,
+            f"/admin/config/refresh?mode={mode}",
+            "POST",
+            body,
+            hint=" (use --offline RUNNING.yaml to compare files without a daemon)",
+        )
+        if data is None:
             return EXIT_INVALID
         online = RefreshResult.model_validate(data)
         print(json.dumps(online.to_json(), indent=2) if args.json else format_refresh(online))
@@ -196,12 +225,13 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
         print(f"the running config {args.offline} does not load:", file=sys.stderr)
         _print_problems(exc, False)
         return EXIT_INVALID
+    source = args.candidate or args.config
     try:
-        text = read_config_text(args.config)
+        text = read_config_text(source)
     except ConfigError as exc:
         _print_problems(exc, False)
         return EXIT_INVALID
-    result = refresh(running, text, mode=mode, env=os.environ, source=args.config).result
+    result = refresh(running, text, mode=mode, env=os.environ, source=source).result
     print(json.dumps(result.to_json(), indent=2) if args.json else format_refresh(result))
     return REFRESH_EXIT[result.result]
 
@@ -241,26 +271,87 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         import uvloop
 
-        return uvloop.run(daemon.run(early_sighups=hup))
+        from iop_edge.errors import ListenError
+
+        try:
+            return uvloop.run(daemon.run(early_sighups=hup))
+        except ListenError as exc:  # (the daemon has stopped what it had started)
+            print(f"iop-edge serve: {exc}", file=sys.stderr)
+            return EXIT_INVALID
 
 
-def _console_url(args: argparse.Namespace) -> str:
-    """The admin API: ``--console URL``, else ``console.listen`` of the config file (read
-    leniently, so a broken candidate still finds its daemon), else the default."""
-    if args.console:
-        return str(args.console).rstrip("/")
-    listen = "127.0.0.1:7601"
-    try:
-        data = parse_yaml(read_config_text(args.config))  # bounded: never hangs on a FIFO
-        console = data.get("console") if isinstance(data, dict) else None
-        if isinstance(console, dict) and isinstance(console.get("listen"), str):
-            listen = console["listen"]
-    except ConfigError:
-        pass
+DEFAULT_CONSOLE = "127.0.0.1:7601"
+
+
+@dataclass(frozen=True, slots=True)
+class AdminAddress:
+    """Where the admin API is, and how the command line knows (named in every error)."""
+
+    url: str
+    source: str
+
+
+def _loopback_url(listen: str) -> str:
     address = ListenAddress.parse(listen)
     if address.is_wildcard:  # listening everywhere: loopback reaches it
         address = ListenAddress("127.0.0.1", address.port)
     return address.url()
+
+
+def admin_address(command: str, args: argparse.Namespace) -> AdminAddress | None:
+    """The admin API of the daemon serving ``--config FILE``, in this order:
+
+    1. ``--console URL``;
+    2. the address that daemon recorded in its runtime directory (:mod:`iop_edge.runtime_record`):
+       right even when the file changed since, no longer loads, or asked for port 0;
+    3. ``console.listen`` of the file (read leniently: a candidate that does not validate
+       still names its daemon), or its default when the file sets none.
+
+    When the file cannot be read or parsed, or its ``console.listen`` is not an address, the
+    default address is used and a line on stderr says so. ``None`` (the reason printed) when
+    the file disables the console.
+    """
+    if args.console:
+        return AdminAddress(str(args.console).rstrip("/"), "--console")
+    record = find_record(args.config, os.environ)
+    if record is not None:
+        return AdminAddress(
+            record.console,
+            f"recorded by the daemon of {args.config}, pid {record.pid}, in {record.path}",
+        )
+    default = AdminAddress(_loopback_url(DEFAULT_CONSOLE), "the default console.listen")
+    try:
+        data = parse_yaml(read_config_text(args.config), source=args.config)
+    except ConfigError as exc:
+        why = exc.problems[0].message if exc.problems else str(exc)
+        print(
+            f"iop-edge {command}: the config {args.config} does not load ({why}) and no "
+            f"running daemon recorded an admin address for it; trying the default "
+            f"{DEFAULT_CONSOLE} (pass --console URL, or --config the daemon's file)",
+            file=sys.stderr,
+        )
+        return default
+    console = data.get("console") if isinstance(data, dict) else None
+    if not isinstance(console, dict):
+        return AdminAddress(default.url, f"the default console.listen ({args.config} sets none)")
+    if console.get("enabled") is False:
+        print(
+            f"iop-edge {command}: console.enabled is false in {args.config}: its daemon has "
+            "no admin API to ask (pass --console URL if another one has)",
+            file=sys.stderr,
+        )
+        return None
+    listen = console.get("listen", DEFAULT_CONSOLE)
+    try:
+        url = _loopback_url(listen if isinstance(listen, str) else "")
+    except ValueError:
+        print(
+            f"iop-edge {command}: console.listen in {args.config} is not an address "
+            f"({listen!r}); trying the default {DEFAULT_CONSOLE} (pass --console URL)",
+            file=sys.stderr,
+        )
+        return default
+    return AdminAddress(url, f"console.listen in {args.config}")
 
 
 class AdminCallError(Exception):
@@ -282,11 +373,16 @@ def _admin_token(args: argparse.Namespace) -> str | None:
     return os.environ.get(ADMIN_TOKEN_ENV) or None
 
 
-def _admin_call(url: str, method: str = "GET", token: str | None = None) -> Any:
-    """One JSON call to the admin API (stdlib only), with the admin token when there is one.
-    Raises OSError when it is unreachable, :class:`AdminCallError` when it refuses."""
+def _admin_call(url: str, method: str = "GET", token: str | None = None, body: Any = None) -> Any:
+    """One JSON call to the admin API (stdlib only), with the admin token when there is one
+    and ``body`` as JSON when given. Raises OSError when it is unreachable,
+    :class:`AdminCallError` when it refuses."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(url, method=method, headers=headers)
+    data = None
+    if body is not None:
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return json.loads(response.read())
@@ -305,16 +401,30 @@ def _admin_call(url: str, method: str = "GET", token: str | None = None) -> Any:
         ) from None
 
 
-def _call_console(command: str, args: argparse.Namespace, path: str, method: str) -> Any:
+def _call_console(
+    command: str,
+    args: argparse.Namespace,
+    path: str,
+    method: str,
+    body: Any = None,
+    hint: str = "",
+) -> Any:
     """One admin API call for ``iop-edge COMMAND``; ``None`` (the reason printed) when it
-    was refused or the API is unreachable."""
-    url = _console_url(args) + path
+    was refused or the API is unreachable (``hint`` is added to that message)."""
+    address = admin_address(command, args)
+    if address is None:
+        return None
+    url = address.url + path
     try:
-        return _admin_call(url, method, _admin_token(args))
+        return _admin_call(url, method, _admin_token(args), body)
     except AdminCallError as exc:
         print(f"iop-edge {command}: {exc}", file=sys.stderr)
     except OSError as exc:
-        print(f"iop-edge {command}: cannot reach the admin API at {url}: {exc}", file=sys.stderr)
+        print(
+            f"iop-edge {command}: cannot reach the admin API at {url} ({address.source}): "
+            f"{exc}{hint}",
+            file=sys.stderr,
+        )
     return None
 
 
@@ -330,6 +440,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _own_command() -> list[str]:
     """The command that started this process, runnable again (``iop-edge restart`` starts
     the successor with it, so an upgraded package takes effect)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:  # `python -m iop_edge` (or iop_edge.cli): argv[0] is a module's file
+        return [sys.executable, "-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
     program = sys.argv[0]
     if os.sep not in program:
         program = shutil.which(program) or program
@@ -363,6 +476,11 @@ def format_status(status: dict[str, Any]) -> str:
         f"queue: {queue['depth']} pending (max {queue['max_queue']}, timeout "
         f"{f'{timeout} ms' if timeout else 'none'})",
     ]
+    if config.get("watch") is False:
+        lines.append(
+            "config file not watched (reload.watch: false): refresh with SIGHUP "
+            "(systemctl reload) or iop-edge config refresh --apply"
+        )
     taken = status.get("handover")
     if taken:
         lines.append(
@@ -467,15 +585,20 @@ def _health_lines(provider: dict[str, Any]) -> list[str]:
 def cmd_token_new(args: argparse.Namespace) -> int:
     """``iop-edge token new``: print a new token once, and its config entry with the hash."""
     token = new_token()
+    fields = {
+        "token_ref": args.token_ref,
+        "token_hash_sha256": token_hash(token),
+        "principal_ref": args.principal_ref,
+    }
+    if args.alias is not None:
+        fields["principal_alias"] = args.alias
     try:
-        entry = PrincipalToken(
-            token_ref=args.token_ref,
-            token_hash_sha256=token_hash(token),
-            principal_ref=args.principal_ref,
-            principal_alias=args.alias,
-        )
-    except ValueError as exc:
-        print(f"iop-edge token new: {exc}", file=sys.stderr)
+        entry = PrincipalToken.model_validate(fields)
+    except ValidationError as exc:
+        # The lines `config validate` would print for this entry in a config file.
+        where = f"openai.principal_tokens[{item_label('principal_tokens', fields, 0)}]"
+        for problem in problems_from_validation_error(exc, fields):
+            print(f"{where}.{problem.path}: {problem.message}", file=sys.stderr)
         return EXIT_USAGE
     data = entry.model_dump(exclude_none=True)
     if args.json:
@@ -518,6 +641,15 @@ class _Parser(argparse.ArgumentParser):
 _ADMIN_TOKEN_HELP = f"read the admin token from FILE (default: ${ADMIN_TOKEN_ENV})"
 
 
+def _config_file_arguments(parser: argparse.ArgumentParser) -> None:
+    """``[FILE]`` and ``--config FILE``: the same file (the positional form is kept as an
+    alias); :func:`main` puts the one given in ``args.file``."""
+    parser.add_argument("file", nargs="?", default=None, help="the config file (as --config)")
+    parser.add_argument(
+        "--config", help=f"the config file (default: $IOP_EDGE_CONFIG, else {DEFAULT_CONFIG})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = _Parser(prog="iop-edge", description=__doc__.splitlines()[0])
@@ -557,12 +689,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate = config_sub.add_parser(
         "validate", help="check a config; exit 1 listing every problem"
     )
-    validate.add_argument("file", nargs="?", default=default_config_path())
+    _config_file_arguments(validate)
     validate.add_argument("--json", action="store_true", help='print {"valid", "errors"}')
     validate.set_defaults(func=cmd_config_validate)
 
     show = config_sub.add_parser("show", help="print the effective config (secrets redacted)")
-    show.add_argument("file", nargs="?", default=default_config_path())
+    _config_file_arguments(show)
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=cmd_config_show)
 
@@ -574,7 +706,17 @@ def build_parser() -> argparse.ArgumentParser:
     refresh_cmd = config_sub.add_parser(
         "refresh", help="classify a candidate config against the running one"
     )
-    refresh_cmd.add_argument("--config", default=default_config_path(), help="candidate file")
+    refresh_cmd.add_argument(
+        "--config",
+        default=default_config_path(),
+        help="the daemon's config file (finds its admin API); with --offline, the candidate",
+    )
+    refresh_cmd.add_argument(
+        "--candidate",
+        metavar="FILE",
+        help="judge FILE against the running daemon's live state (a dry run; nothing is "
+        "written or applied)",
+    )
     refresh_cmd.add_argument(
         "--offline", metavar="RUNNING.yaml", help="compare against this file; no daemon needed"
     )
@@ -604,7 +746,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``iop-edge`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if "file" in args:
+        if args.file is not None and args.config is not None and args.file != args.config:
+            parser.error(f"two config files given: {args.file} and --config {args.config}")
+        args.file = args.file or args.config or default_config_path()
     code: int = args.func(args)
     return code
 

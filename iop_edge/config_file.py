@@ -145,6 +145,16 @@ class ConfigSnapshot:
         return decode_config(self.data, self.path)
 
 
+def candidate_snapshot(source: str, data: bytes) -> ConfigSnapshot:
+    """A candidate config handed over as bytes (the admin API's dry run of a file the daemon
+    does not read), held to the file's size limit; ``source`` names it in errors."""
+    try:
+        _check_size(source, len(data))
+    except ConfigError as exc:
+        return ConfigSnapshot(source, None, exc)
+    return ConfigSnapshot(source, data, None)
+
+
 def snapshot_config_file(path: str) -> ConfigSnapshot:
     """Read the config file once; never raises (the problem is kept in the snapshot)."""
     try:

@@ -59,6 +59,7 @@ from iop_edge.listeners import (
 from iop_edge.logs import Logger, RequestLineWriter, flush_logs, get_logger
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.pool import HealthEvent, ProviderKey
+from iop_edge.runtime_record import remove_record, write_record
 from iop_edge.seams import Clock
 from iop_edge.supervisor import Supervisor, SupervisorOptions, status_line
 from iop_edge.systemd import Notifier
@@ -92,6 +93,7 @@ class Daemon:
     notifier: Notifier = field(default_factory=Notifier)
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     supervisor_options: SupervisorOptions = field(default_factory=SupervisorOptions)
+    #: watch the config file (tests turn it off); the config's ``reload.watch: false`` too
     watch: bool = True
     #: ``gc.freeze()`` once started (the ``serve`` command; tests share one process and don't)
     freeze_gc: bool = False
@@ -118,6 +120,8 @@ class Daemon:
     _restarting: bool = field(default=False, init=False)
     #: after we handed over: what we finish, relay or cut (logged as we exit)
     _drained: DrainTally | None = field(default=None, init=False)
+    #: where the console's address is recorded for the command line (:mod:`runtime_record`)
+    _console_record: Path | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.adapters = NodeAdapters.from_config(self.config)
@@ -276,7 +280,7 @@ class Daemon:
             unused.close()
         self.inherited.clear()
         if self.supervisor is not None:
-            self.supervisor.start(watch=self.watch)
+            self.supervisor.start(watch=self.watch and config.reload.watch)
         if self.notifier.watchdog_interval:
             self._tasks.append(asyncio.create_task(self._watchdog(self.notifier.watchdog_interval)))
         if self.freeze_gc:
@@ -295,11 +299,28 @@ class Daemon:
                 inherited_leases=predecessor.inherited,
                 duration_ms=round(predecessor.duration * 1000, 1),
             )
+        self._record_console()
         self.log.info(
             "listening",
             edge=config.edge.id,
+            config_watch=self.supervisor is not None and self.supervisor.watching,
             **{name: listener.url for name, listener in self.listeners.items()},
         )
+
+    def _record_console(self) -> None:
+        """Tell the command line where this daemon's admin API is (never fatal)."""
+        console = self.listeners.get("console")
+        if console is None or self.config_path is None:
+            return
+        try:
+            self._console_record = write_record(self.config_path, console.url, self.env)
+        except OSError as exc:
+            self.log.warning(
+                "console_not_recorded",
+                error=str(exc),
+                message="iop-edge status, restart and config refresh find this daemon only "
+                "through console.listen of its config file (or --console)",
+            )
 
     async def _bind(
         self, name: str, app: web.Application, address: str, limits: ConnectionLimits
@@ -383,6 +404,9 @@ class Daemon:
                 f"process, {drained.cut} cut ({drained.cut_streams} stream(s))",
                 **dataclasses.asdict(drained),
             )
+        if self._console_record is not None:
+            with contextlib.suppress(OSError):
+                remove_record(self._console_record)
         stats = self.scheduler.statistics()
         self.log.info("stopped", in_flight=stats.in_flight, queued=stats.queue_depth)
         self.notifier.close()
@@ -416,6 +440,12 @@ class Daemon:
             return {"result": "rejected", "message": "a handover is already in progress"}
         if not self.argv or self.config_path is None:
             return {"result": "rejected", "message": "this process has no command to restart"}
+        if os.getpid() == 1:  # a container's init: when it exits, the container stops
+            return {
+                "result": "rejected",
+                "message": "this process is PID 1 (a container's init): the container would "
+                "stop with it; restart the container instead (SIGTERM drains it)",
+            }
         try:
             candidate = load_config_file(str(self.config_path), self.env)
         except ConfigError as exc:

@@ -4,6 +4,7 @@ Every error the daemon raises on purpose derives from :class:`IopEdgeError`::
 
     IopEdgeError
     ├── ConfigError          a config that cannot be loaded or is invalid (carries every problem)
+    ├── ListenError          a listener cannot bind its address (in use, not permitted, ...)
     ├── AdmissionError       the scheduler refused or dropped a request (carries a reason code)
     ├── AdapterError         an upstream call failed (upstream_error / upstream_timeout)
     ├── AuthError            a request without a valid principal or provider credential
@@ -75,6 +76,11 @@ class ConfigError(IopEdgeError):
     def __init__(self, problems: list[ConfigProblem]) -> None:
         self.problems = list(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class ListenError(IopEdgeError):
+    """A listener cannot bind its configured address; the message names the listener, the
+    address, its config key and the reason (``iop-edge serve`` prints it and exits 1)."""
 
 
 class AdmissionError(IopEdgeError):

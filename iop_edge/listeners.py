@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import resource
 import socket
@@ -41,6 +42,7 @@ from aiohttp import web
 
 from iop_edge.config.address import ListenAddress
 from iop_edge.envelope import envelope
+from iop_edge.errors import ListenError
 from iop_edge.logs import Logger, RateLimiter
 from iop_edge.seams import Clock
 
@@ -352,6 +354,26 @@ class ConnectionGuard(asyncio.Protocol):
         transport.abort()
 
 
+_BIND_REASONS: Final = {
+    errno.EADDRINUSE: "the address is already in use: another process listens there ({who})",
+    errno.EACCES: "permission denied: a port below 1024 needs root or CAP_NET_BIND_SERVICE",
+    errno.EADDRNOTAVAIL: "the host is not an address of this machine",
+}
+
+
+def bind_failure(name: str, address: ListenAddress, exc: OSError) -> str:
+    """One line saying why listener ``name`` cannot bind ``address`` (``exc`` from bind)."""
+    who = f"`ss -ltnp 'sport = :{address.port}'` names it"
+    reason = _BIND_REASONS.get(exc.errno or 0)
+    if reason is None and isinstance(exc, socket.gaierror):
+        reason = f"the host {address.host!r} does not resolve ({exc.strerror or exc})"
+    if reason is None:
+        reason = exc.strerror or str(exc)
+    return (
+        f"the {name} listener cannot listen on {address} ({name}.listen): {reason.format(who=who)}"
+    )
+
+
 class Listener:
     """One bound address served by an aiohttp application through :class:`ConnectionGuard`.
 
@@ -438,14 +460,17 @@ class Listener:
         try:
             if sock is None:
                 parsed = ListenAddress.parse(address)
-                listener._server = await loop.create_server(
-                    lambda: ConnectionGuard(listener),
-                    parsed.host,
-                    parsed.port,
-                    reuse_address=True,
-                    backlog=LISTEN_BACKLOG,
-                    start_serving=serve,
-                )
+                try:
+                    listener._server = await loop.create_server(
+                        lambda: ConnectionGuard(listener),
+                        parsed.host,
+                        parsed.port,
+                        reuse_address=True,
+                        backlog=LISTEN_BACKLOG,
+                        start_serving=serve,
+                    )
+                except OSError as exc:
+                    raise ListenError(bind_failure(name, parsed, exc)) from exc
             else:
                 sock.setblocking(False)
                 listener._server = await loop.create_server(

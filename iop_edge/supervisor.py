@@ -51,7 +51,12 @@ from iop_edge.config.refresh import (
     rejected,
 )
 from iop_edge.config.schema import EdgeConfig
-from iop_edge.config_file import LOAD_DEADLINE, ConfigSnapshot, snapshot_config_file
+from iop_edge.config_file import (
+    LOAD_DEADLINE,
+    ConfigSnapshot,
+    candidate_snapshot,
+    snapshot_config_file,
+)
 from iop_edge.errors import ConfigError, ConfigProblem
 from iop_edge.logs import Logger
 from iop_edge.systemd import Notifier
@@ -141,12 +146,15 @@ class Supervisor:
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self.runs = 0
+        #: whether the file is watched (``start(watch=...)``; ``reload.watch`` in the config)
+        self.watching = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self, *, watch: bool = True) -> None:
         """Start the worker (and, unless ``watch`` is false, the watcher and the poller)."""
         self._tasks.append(asyncio.create_task(self._worker(), name="refresh-worker"))
+        self.watching = watch
         if watch:
             self._tasks.append(asyncio.create_task(self._watch(), name="config-watch"))
             self._tasks.append(asyncio.create_task(self._poll(), name="config-poll"))
@@ -182,6 +190,18 @@ class Supervisor:
         """Run a refresh now (after any running one) and return its result; never raises."""
         async with self._lock:
             result = await self._run(trigger, mode, force=True)
+        assert result is not None  # a forced run always runs
+        return result
+
+    async def judge(self, data: bytes, source: str) -> RefreshResult:
+        """Dry-run the candidate ``data`` (a config file's bytes, named ``source`` in its
+        errors) against the running config, as a refresh of the file would judge it: same
+        limits, same deadline, ``${VAR}`` expanded from the daemon's environment. Nothing is
+        applied, recorded or notified, and the config file is neither read nor remembered as
+        judged; never raises."""
+        snapshot = candidate_snapshot(source, data)
+        async with self._lock:
+            result = await self._run("api", "dry_run", force=True, snapshot=snapshot)
         assert result is not None  # a forced run always runs
         return result
 
@@ -286,7 +306,7 @@ class Supervisor:
             except ConfigError as exc:
                 return rejected(running, mode, exc.problems, running_hash)
             return self.options.classify(
-                running, text, mode=mode, env=self._env, source=str(self.path)
+                running, text, mode=mode, env=self._env, source=snapshot.path
             )
 
         try:
@@ -298,8 +318,9 @@ class Supervisor:
         except TimeoutError:
             return self._rejected(
                 mode,
-                f"{self.path}: loading the config took longer than {self.options.deadline:g} s, "
-                "so it was not applied; the running config keeps serving",
+                f"{snapshot.path}: loading the config took longer than "
+                f"{self.options.deadline:g} s, so it was not applied; the running config keeps "
+                "serving",
             ).result
         if mode == "apply" and outcome.result.result != "rejected":
             return self._take(outcome)
@@ -415,6 +436,7 @@ class Supervisor:
         """The config part of ``/admin/status``."""
         return {
             "path": str(self.path),
+            "watch": self.watching,
             "hash": self.running_hash,
             "generation": self.generation,
             "loaded_at": self.loaded_at,

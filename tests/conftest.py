@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -32,3 +33,18 @@ def log_stream() -> io.StringIO:
     stream = io.StringIO()
     configure_logging("info", "json", stream)
     return stream
+
+
+@pytest.fixture(autouse=True, scope="session")
+def runtime_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every daemon the tests start (in this process or a subprocess) records its console
+    address under a private ``$XDG_RUNTIME_DIR``, never in the machine's ``/run/iop-edge``."""
+    directory = tmp_path_factory.mktemp("xdg-runtime")
+    directory.chmod(0o700)
+    before = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(directory)
+    yield
+    if before is None:
+        del os.environ["XDG_RUNTIME_DIR"]
+    else:
+        os.environ["XDG_RUNTIME_DIR"] = before

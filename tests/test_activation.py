@@ -138,7 +138,7 @@ def test_the_socket_unit_passes_the_openai_listener_at_the_shipped_address(tmp_p
         pytest.skip("systemd-analyze is not installed on this machine")
     service = (ROOT / "deploy/iop-edge.service").read_text()
     (tmp_path / "iop-edge.service").write_text(
-        service.replace("/opt/iop-edge/.venv/bin/iop-edge", IOP_EDGE)
+        service.replace("/opt/iop-edge/bin/iop-edge", IOP_EDGE)
     )
     (tmp_path / "iop-edge.socket").write_text(unit.read_text())
     verify = subprocess.run(

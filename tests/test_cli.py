@@ -11,10 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from iop_edge.cli import format_status
-from iop_edge.config import load_config
+from iop_edge.config import dump_config, load_config, parse_config
+from iop_edge.config.refresh import config_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = str(ROOT / "configs/edge.yaml")
@@ -64,6 +66,26 @@ def test_validate_an_invalid_file_exits_1_with_one_line_per_problem(tmp_path):
             },
         ],
     }
+
+
+@pytest.mark.parametrize(
+    "config",
+    sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml")),
+)
+def test_every_shipped_config_validates_with_an_empty_environment(config):
+    """What a new user does first, before setting any secret: ``env -i iop-edge config
+    validate``. A secret an example needs has a ``${VAR:-default}`` placeholder."""
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("iop-edge")), "config", "validate", config],
+        capture_output=True,
+        text=True,
+        env={},
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert result.stdout == f"{config}: valid\n"
 
 
 def test_validate_json_on_a_valid_file():
@@ -117,6 +139,45 @@ def test_show_prints_the_effective_config_with_secrets_redacted():
     assert all(c is False or c["path"] in ("/models", "/api/tags") for c in checks.values())
 
 
+def leaves(data: Any, path: str = "") -> dict[str, Any]:
+    """Every leaf of a nested document by its path (lists by position)."""
+    if isinstance(data, dict):
+        return {
+            k: v for key, item in data.items() for k, v in leaves(item, f"{path}.{key}").items()
+        }
+    if isinstance(data, list) and data and isinstance(data[0], (dict, list)):
+        return {
+            k: v for i, item in enumerate(data) for k, v in leaves(item, f"{path}[{i}]").items()
+        }
+    return {path: data}
+
+
+@pytest.mark.parametrize("form", [(), ("--json",)], ids=["yaml", "json"])
+def test_config_show_loads_back_as_the_same_effective_config(form):
+    """README "The effective config": the output of ``config show`` (YAML or JSON) loads as
+    the same effective config — exactly for a config without secrets; with them, the only
+    differences are the values printed as ``<redacted>``."""
+    shipped = load_config(Path(SHIPPED).read_text(), env={})
+    shown = run("config", "show", SHIPPED, *form)
+    assert shown.returncode == 0
+    again = parse_config(yaml.safe_load(shown.stdout))
+    assert again == shipped
+    assert config_hash(again) == config_hash(shipped)
+    env = {"OPENAI_API_KEY": "sk-very-secret"}
+    full = load_config(Path(FULL).read_text(), env=env)
+    shown_full = yaml.safe_load(run("config", "show", FULL, *form, env=env).stdout)
+    original, printed = leaves(dump_config(full)), leaves(shown_full)
+    assert original.keys() == printed.keys()
+    differ = {path for path in original if original[path] != printed[path]}
+    assert differ == {
+        ".nodes[0].adapters[2].headers.Authorization",
+        ".nodes[1].providers[0].env.CLAUDE_CONFIG_DIR",
+        ".openai.principal_tokens[0].token_hash_sha256",
+        ".openai.principal_tokens[1].token_hash_sha256",
+    }
+    assert all(printed[path] == "<redacted>" for path in differ)
+
+
 def test_payload_prints_one_node_as_json():
     result = run("config", "payload", "--node", "local", "--config", SHIPPED)
     assert result.returncode == 0
@@ -161,10 +222,64 @@ def test_token_new_prints_a_token_once_and_an_entry_holding_only_its_hash(tmp_pa
     assert "accepted once the daemon restarts" in human.stderr
 
 
-def test_token_new_rejects_a_bad_token_ref():
-    result = run("token", "new", "--token-ref", "has space", "--principal-ref", "p")
-    assert result.returncode == 2
-    assert "is not a valid identifier" in result.stderr
+def test_token_new_rejects_bad_names_in_the_path_message_form_of_config_validate(tmp_path):
+    """The lines are those `config validate` prints for the same entry in a config file."""
+    result = run("token", "new", "--token-ref", "has space", "--principal-ref", "")
+    assert (result.returncode, result.stdout) == (2, "")
+    expected = [
+        "openai.principal_tokens[has space].token_ref: 'has space' is not a valid identifier; "
+        "token_ref must start with a letter or digit and contain only letters, digits, '.', "
+        "'_' and '-'",
+        "openai.principal_tokens[has space].principal_ref: '' is empty; principal_ref must be a "
+        "non-empty string",
+    ]
+    assert result.stderr.splitlines() == expected
+    doc = yaml.safe_load(Path(SHIPPED).read_text())
+    doc["openai"]["principal_tokens"] = [
+        {"token_ref": "has space", "token_hash_sha256": "a" * 64, "principal_ref": ""}
+    ]
+    config = tmp_path / "edge.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    assert run("config", "validate", str(config)).stderr.splitlines() == expected
+
+
+@pytest.mark.parametrize("command", ["validate", "show"])
+def test_config_commands_take_the_file_as_config_or_as_positional(tmp_path, command):
+    """``--config FILE`` works for every command that reads a config; the positional FILE
+    is kept as an alias; two different files are a usage error."""
+    by_flag = run("config", command, "--config", SHIPPED)
+    by_position = run("config", command, SHIPPED)
+    assert by_flag.returncode == by_position.returncode == 0
+    assert by_flag.stdout == by_position.stdout
+    both = run("config", command, SHIPPED, "--config", SHIPPED)
+    assert both.returncode == 0
+    other = tmp_path / "other.yaml"
+    other.write_text(Path(SHIPPED).read_text())
+    clash = run("config", command, SHIPPED, "--config", str(other))
+    assert clash.returncode == 2
+    assert f"two config files given: {SHIPPED} and --config {other}" in clash.stderr
+    missing = run("config", command, "--config", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 1
+    assert f"cannot read config {tmp_path / 'nope.yaml'}" in missing.stderr
+
+
+def test_every_command_that_reads_a_config_takes_config():
+    """The parser of each such command knows ``--config`` (the others read no config)."""
+    from iop_edge.cli import build_parser
+
+    parser = build_parser()
+    reads_config = [
+        ["serve"],
+        ["status"],
+        ["restart"],
+        ["config", "validate"],
+        ["config", "show"],
+        ["config", "payload", "--node", "n"],
+        ["config", "refresh"],
+    ]
+    for command in reads_config:
+        args = parser.parse_args([*command, "--config", "/x/edge.yaml"])
+        assert args.config == "/x/edge.yaml", command
 
 
 def refresh_files(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> tuple[str, str]:
@@ -218,6 +333,36 @@ def test_offline_refresh_prints_a_table(tmp_path):
     assert "changed providers: echo-cat" in lines
     row = next(line for line in lines if "capacity" in line)
     assert row.split() == ["live", "yes", "nodes[local].providers[echo-cat].capacity", "4", "2"]
+
+
+def test_an_offline_dry_run_says_what_would_happen_not_what_happened(tmp_path):
+    def edit(doc: dict[str, Any]) -> None:
+        doc["nodes"][0]["providers"][0]["capacity"] = 2
+        doc["logging"]["level"] = "debug"
+
+    running, candidate = refresh_files(tmp_path, edit)
+    result = run("config", "refresh", "--offline", running, "--candidate", candidate)
+    assert result.returncode == 3
+    lines = result.stdout.splitlines()
+    assert lines[0] == "result: would need a restart (dry run: nothing was applied)"
+    assert "applied" not in "\n".join(lines[1:]).replace("nothing was applied", "")
+    assert lines[4].split()[:4] == ["CLASS", "WOULD", "APPLY", "PATH"]
+    rows = [line.split() for line in lines[5:7]]
+    assert rows == [
+        ["restart", "no", "logging.level", "info", "debug"],
+        ["live", "yes", "nodes[local].providers[echo-cat].capacity", "4", "2"],
+    ]
+    # --candidate and --config name the same file offline
+    same = run("config", "refresh", "--offline", running, "--config", candidate)
+    assert same.stdout == result.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [\n")
+    rejected = run("config", "refresh", "--offline", running, "--candidate", str(bad))
+    assert rejected.returncode == 1
+    assert (
+        rejected.stdout.splitlines()[0]
+        == "result: would be rejected (dry run: nothing was applied)"
+    )
 
 
 def test_refresh_usage_errors_exit_2(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -18,6 +19,7 @@ import aiohttp
 import pytest
 import yaml
 
+from iop_edge.runtime_record import record_name
 from iop_edge.systemd import Notifier
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
@@ -181,6 +183,38 @@ def test_a_bad_or_missing_config_at_start_exits_1_with_the_errors(tmp_path, cont
     assert expected in result.stderr
 
 
+@pytest.mark.parametrize("listener", ["openai", "metrics", "console"])
+def test_a_port_in_use_is_one_line_naming_the_listener_and_address_and_exit_1(tmp_path, listener):
+    """Another process holds the port of one listener: ``serve`` says which listener, which
+    address and why in one line, exits 1, shows no traceback, and leaves no record."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = tmp_path / "edge.yaml"
+        doc = doc_for(logging={"format": "json"})
+        doc[listener] = {"listen": f"127.0.0.1:{port}"}
+        config.write_text(dump(doc))
+        result = subprocess.run(
+            [IOP_EDGE, "serve", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    plain = [line for line in result.stderr.splitlines() if not line.startswith("{")]
+    assert plain == [
+        f"iop-edge serve: the {listener} listener cannot listen on 127.0.0.1:{port} "
+        f"({listener}.listen): the address is already in use: another process listens there "
+        f"(`ss -ltnp 'sport = :{port}'` names it)"
+    ]
+    events = [json.loads(line)["event"] for line in result.stderr.splitlines() if line[:1] == "{"]
+    assert "listening" not in events
+    assert not (Path(os.environ["XDG_RUNTIME_DIR"]) / "iop-edge" / record_name(config)).exists()
+
+
 def test_the_unit_file_passes_systemd_analyze_verify(tmp_path):
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed on this machine")
@@ -189,7 +223,7 @@ def test_the_unit_file_passes_systemd_analyze_verify(tmp_path):
     assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
     # verify checks that ExecStart exists: point it at this checkout's iop-edge
     local = tmp_path / "iop-edge.service"
-    local.write_text(unit.replace("/opt/iop-edge/.venv/bin/iop-edge", IOP_EDGE))
+    local.write_text(unit.replace("/opt/iop-edge/bin/iop-edge", IOP_EDGE))
     result = subprocess.run(
         ["systemd-analyze", "verify", str(local)],
         capture_output=True,

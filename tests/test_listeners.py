@@ -29,7 +29,9 @@ from aiohttp import web
 
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
-from iop_edge.listeners import REFUSAL_LINGER, Listener
+from iop_edge.errors import ListenError
+from iop_edge.listeners import REFUSAL_LINGER, ConnectionLimits, Listener
+from iop_edge.logs import get_logger
 from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
@@ -706,3 +708,26 @@ async def test_serve_logs_when_it_runs_out_of_descriptors(tmp_path):
     lines = await serve_out_of_descriptors(tmp_path / "edge.yaml", until="fd_limit_reached")
     [reached] = [line for line in lines if line.get("event") == "fd_limit_reached"]
     assert (reached["level"], reached["listener"]) == ("warning", "openai")
+
+
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("192.0.2.1:0", "the host is not an address of this machine"),
+        ("no-such-host.invalid:0", "the host 'no-such-host.invalid' does not resolve"),
+    ],
+)
+async def test_a_listener_that_cannot_bind_says_which_address_and_why(address, reason):
+    """Besides a port in use (tests/test_daemon.py, through ``iop-edge serve``): an address
+    of another machine (TEST-NET-1, never contacted: bind only) or a host that does not
+    resolve. Nothing is left bound."""
+    limits = ConnectionLimits(
+        keepalive_timeout=5, header_timeout=5, write_timeout=5, max_connections=4
+    )
+    with pytest.raises(ListenError) as caught:
+        await Listener.bind(
+            "metrics", web.Application(), address, limits, clock=FakeClock(), log=get_logger()
+        )
+    message = str(caught.value)
+    assert message.startswith(f"the metrics listener cannot listen on {address} (metrics.listen): ")
+    assert reason in message

@@ -379,7 +379,7 @@ def test_systemd_reads_the_units_stop_timeout_as_this_test_does(tmp_path):
         pytest.skip("systemd-analyze is not installed on this machine")
     text = UNIT.read_text()
     local = tmp_path / "iop-edge.service"  # verify checks that ExecStart's program exists
-    local.write_text(text.replace("/opt/iop-edge/.venv/bin/iop-edge", IOP_EDGE))
+    local.write_text(text.replace("/opt/iop-edge/bin/iop-edge", IOP_EDGE))
     verify = subprocess.run(
         ["systemd-analyze", "verify", str(local)],
         capture_output=True,

@@ -5,7 +5,11 @@
   group's panic flag, the principals, the counters), the serving process's ``pid`` and the
   handover it took over by (``handover``, or ``null``). Times are wall-clock ISO 8601 (UTC).
 - ``POST /admin/config/refresh?mode=dry_run|apply``: read the config file and refresh; the
-  answer is the refresh result (any other mode is ``rejected``).
+  answer is the refresh result (any other mode is ``rejected``). With a JSON body
+  ``{"candidate": TEXT, "source": NAME}`` and ``mode=dry_run`` the candidate TEXT is judged
+  against the running config instead (``iop-edge config refresh --candidate FILE``): the file
+  is not read, nothing is applied. A body with any other mode is 400 ``invalid_request_error``
+  (``param: mode``); a body over :data:`MAX_CANDIDATE_BODY` bytes is 413.
 - ``POST /admin/restart``: hand over to a new process (:mod:`iop_edge.handover`).
 
 Every request passes the same checks first (a middleware, so unknown paths too), each refusal
@@ -33,14 +37,21 @@ from iop_edge.api.auth import AdminTokenCheck
 from iop_edge.api.errors import describe
 from iop_edge.api.guard import RequestGuard, install_log_scrubber, require_json_body
 from iop_edge.config.schema import ConsoleSection
+from iop_edge.config_file import MAX_FILE_BYTES
 from iop_edge.envelope import envelope
-from iop_edge.errors import IopEdgeError
+from iop_edge.errors import IopEdgeError, RequestError
 from iop_edge.handover import HandoverStatistics
 from iop_edge.pool import ProviderStatistics
 from iop_edge.seams import Clock
 from iop_edge.supervisor import Supervisor
 
 _JSON = "application/json"
+
+#: The largest refresh request body: the largest config file, JSON-escaped (a newline or a
+#: quote takes two bytes), and its name. The candidate itself is held to the file's limit.
+MAX_CANDIDATE_BODY = 2 * MAX_FILE_BYTES + 64 * 1024
+#: The longest ``source`` name of a candidate (it appears in error messages).
+MAX_SOURCE_LENGTH = 1024
 
 
 class AdminAPI:
@@ -80,7 +91,7 @@ class AdminAPI:
     def build_app(self) -> web.Application:
         """The aiohttp application of the console listener."""
         install_log_scrubber()
-        app = web.Application(middlewares=[self._checks])
+        app = web.Application(middlewares=[self._checks], client_max_size=MAX_CANDIDATE_BODY)
         app.router.add_get("/admin/status", self.status)
         app.router.add_post("/admin/config/refresh", self.refresh)
         if self.restart_edge is not None:
@@ -95,12 +106,7 @@ class AdminAPI:
             if request.method == "POST":
                 require_json_body(request)
         except IopEdgeError as exc:
-            status, code, param = describe(exc)
-            return web.Response(
-                body=envelope(str(exc), code, status=status, param=param),
-                status=status,
-                content_type=_JSON,
-            )
+            return _refusal(exc)
         return await handler(request)
 
     def snapshot(self) -> dict[str, Any]:
@@ -202,10 +208,87 @@ class AdminAPI:
         return response
 
     async def refresh(self, request: web.Request) -> web.Response:
-        """``POST /admin/config/refresh?mode=dry_run|apply`` (default ``dry_run``)."""
+        """``POST /admin/config/refresh?mode=dry_run|apply`` (default ``dry_run``); with a
+        candidate in the body, a dry run of it (see the module docstring)."""
         mode = request.query.get("mode", "dry_run")
-        result = await self.supervisor.refresh("api", mode)
+        if not request.body_exists:
+            result = await self.supervisor.refresh("api", mode)
+        else:
+            try:
+                text, source = await _candidate(request, mode)
+            except RequestError as exc:
+                return _refusal(exc)
+            result = await self.supervisor.judge(text.encode("utf-8"), source)
         return web.Response(body=orjson.dumps(result.to_json()), content_type=_JSON)
+
+
+async def _candidate(request: web.Request, mode: str) -> tuple[str, str]:
+    """The candidate's text and name from a refresh request's body; :class:`RequestError`
+    naming the field when the body is not ``{"candidate": TEXT[, "source": NAME]}``."""
+    if mode != "dry_run":
+        raise RequestError(
+            "invalid_request_error",
+            f"A candidate in the request body is judged with mode=dry_run only (this request "
+            f"asked for mode={mode[:40]!r}): the daemon applies only its own config file. Write "
+            "the candidate there and refresh with mode=apply (or send no body).",
+            param="mode",
+        )
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestError(
+            "request_too_large",
+            f"The request body is larger than {MAX_CANDIDATE_BODY:,} bytes; a candidate "
+            f"config may be at most {MAX_FILE_BYTES // 2**20} MiB ({MAX_FILE_BYTES:,} bytes).",
+            status=413,
+        ) from None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(
+            "invalid_request_error", f"The request body is not valid JSON: {exc}."
+        ) from None
+    if not isinstance(body, dict):
+        raise RequestError(
+            "invalid_request_error",
+            f'The request body is a JSON {type(body).__name__}; send {{"candidate": "<the '
+            'config file\'s text>", "source": "<its name>"}.',
+        )
+    unknown = sorted(set(body) - {"candidate", "source"})
+    if unknown:
+        raise RequestError(
+            "invalid_request_error",
+            f"Unknown field {unknown[0][:40]!r} in the request body; the fields are "
+            "'candidate' (the config text) and 'source' (its name, optional).",
+            param=unknown[0][:40],
+        )
+    text = body.get("candidate")
+    if not isinstance(text, str):
+        raise RequestError(
+            "invalid_request_error",
+            "'candidate' must be the candidate config file's text, a string "
+            f"(got {'nothing' if text is None else 'a JSON ' + type(text).__name__}).",
+            param="candidate",
+        )
+    source = body.get("source", "candidate")
+    if not isinstance(source, str) or not source.isprintable() or len(source) > MAX_SOURCE_LENGTH:
+        raise RequestError(
+            "invalid_request_error",
+            f"'source' must be a printable name of at most {MAX_SOURCE_LENGTH} characters "
+            "(the candidate's file name, shown in its errors).",
+            param="source",
+        )
+    return text, source or "candidate"
+
+
+def _refusal(exc: IopEdgeError) -> web.Response:
+    """A refused admin request, in the OpenAI error envelope."""
+    status, code, param = describe(exc)
+    return web.Response(
+        body=envelope(str(exc), code, status=status, param=param),
+        status=status,
+        content_type=_JSON,
+    )
 
 
 __all__ = ["AdminAPI"]

@@ -14,9 +14,9 @@ unapplied). What is live:
   ``openai.model_routes[].capacity``
 
 Everything else is restart-class: edge identity, ``listen``, ``bootstrap``, ``logging``,
-``metrics``, ``console``, ``control_plane``, ``a2a``, ``openai`` (any deep change, principal
-tokens included), node add/remove and node alias/agent kind/token, adapter instances, provider
-add/remove and every other provider field.
+``reload``, ``metrics``, ``console``, ``control_plane``, ``a2a``, ``openai`` (any deep change,
+principal tokens included), node add/remove and node alias/agent kind/token, adapter
+instances, provider add/remove and every other provider field.
 
 The config that runs after a refresh is the old config plus only its live changes
 (:func:`apply_live`); it must pass validation, or no live change is applied.
@@ -56,6 +56,7 @@ RESTART_SECTIONS: Final = (
     "listen",
     "bootstrap",
     "logging",
+    "reload",
     "metrics",
     "console",
     "control_plane",

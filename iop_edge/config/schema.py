@@ -212,6 +212,17 @@ class LoggingSection(_Section):
     format: Literal["json", "console"] = "json"
 
 
+class ReloadSection(_Section):
+    """``reload``: how the daemon notices a changed config file.
+
+    ``watch`` (default true) watches the file's directory and re-reads the file every 30 s; with
+    ``false`` only SIGHUP (``systemctl reload``) and the admin API refresh. Restart-class: the
+    watcher is started with the process.
+    """
+
+    watch: StrictBool = True
+
+
 class MetricsSection(_Section):
     """``metrics``: the Prometheus ``/metrics`` listener."""
 
@@ -573,6 +584,7 @@ class EdgeConfig(_Section):
     listen: ListenSection = ListenSection()
     bootstrap: BootstrapSection = BootstrapSection()
     logging: LoggingSection = LoggingSection()
+    reload: ReloadSection = ReloadSection()
     metrics: MetricsSection = MetricsSection()
     console: ConsoleSection = ConsoleSection()
     control_plane: ControlPlaneSection = ControlPlaneSection()

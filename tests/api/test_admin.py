@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -19,7 +20,9 @@ import aiohttp
 import pytest
 import yaml
 
+from iop_edge.api.admin import MAX_CANDIDATE_BODY
 from iop_edge.config import parse_config
+from iop_edge.config_file import MAX_FILE_BYTES
 from iop_edge.daemon import Daemon
 from iop_edge.supervisor import SupervisorOptions
 from tests.helpers import doc_for, dump, edge_on
@@ -45,7 +48,7 @@ def admin_doc(**console: Any) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def admin_edge(tmp_path: Path, doc: dict[str, Any]) -> AsyncIterator[Daemon]:
+async def admin_edge(tmp_path: Path, doc: dict[str, Any], **options: Any) -> AsyncIterator[Daemon]:
     path = tmp_path / "edge.yaml"
     path.write_text(yaml.safe_dump(doc))
     daemon = Daemon(
@@ -53,6 +56,7 @@ async def admin_edge(tmp_path: Path, doc: dict[str, Any]) -> AsyncIterator[Daemo
         config_path=path,
         watch=False,
         supervisor_options=SupervisorOptions(debounce=0.05, settle=0.05, poll_interval=3600),
+        **options,
     )
     await daemon.start()
     try:
@@ -264,3 +268,200 @@ async def test_the_admin_api_and_the_cli_report_the_same_refresh(tmp_path):
             "active",
             5,
         )
+
+
+# --- a candidate judged by the running daemon (issue 15) -------------------------------------
+
+
+def candidate_doc(capacity: int = 1, **root: Any) -> dict[str, Any]:
+    doc = admin_doc()
+    doc["nodes"][0]["providers"][0]["capacity"] = capacity
+    doc.update(root)
+    return doc
+
+
+def report(result: dict[str, Any]) -> list[tuple[str, str, Any, Any, bool]]:
+    return [(e["path"], e["class"], e["old"], e["new"], e["applied"]) for e in result["report"]]
+
+
+async def test_a_candidate_in_the_body_is_judged_against_the_live_state_not_the_file(tmp_path):
+    """``mode=dry_run`` with ``{"candidate": TEXT}``: TEXT is compared with what runs (not with
+    the file on disk, which here holds an unapplied edit), ``${VAR}`` is expanded from the
+    daemon's environment, and nothing is applied, recorded, or read from the file."""
+    async with admin_edge(tmp_path, candidate_doc(), env={"TEAM_LABEL": "Echo (prod)"}) as daemon:
+        path = tmp_path / "edge.yaml"
+        path.write_text(yaml.safe_dump(candidate_doc(capacity=7)))  # saved, never applied
+        on_disk = path.read_bytes()
+        candidate = candidate_doc(capacity=3, logging={"level": "debug"})
+        candidate["models"][0]["display_name"] = "${TEAM_LABEL}"
+        text = yaml.safe_dump(candidate)
+        status, result = await call(
+            daemon,
+            "POST",
+            "/admin/config/refresh?mode=dry_run",
+            json={"candidate": text, "source": "staging/edge.yaml"},
+        )
+        assert status == 200, result
+        assert (result["mode"], result["result"], result["errors"]) == (
+            "dry_run",
+            "restart_required",
+            [],
+        )
+        assert report(result) == [
+            ("logging.level", "restart", "info", "debug", False),
+            ("models[echo].display_name", "live", None, "Echo (prod)", False),
+            ("nodes[n1].providers[cat].capacity", "live", 1, 3, False),
+            ("nodes[n1].providers[cat].long_context_capacity", "live", 1, 3, False),
+        ]
+        assert daemon.supervisor is not None
+        assert result["config_hash"] == daemon.supervisor.running_hash
+        caps = [p.capacity for p in daemon.scheduler.statistics().providers]
+        assert caps == [1]
+        assert daemon.supervisor.last is None  # a dry run leaves no record
+        assert daemon.supervisor.generation == 1
+        assert path.read_bytes() == on_disk
+        # The file is still judged as new by a refresh of it: the candidate was not taken for it.
+        status, from_file = await call(daemon, "POST", "/admin/config/refresh?mode=dry_run")
+        assert report(from_file) == [
+            ("nodes[n1].providers[cat].capacity", "live", 1, 7, False),
+            ("nodes[n1].providers[cat].long_context_capacity", "live", 1, 7, False),
+        ]
+        # A broken candidate is rejected with the errors of `config validate`, named by source.
+        status, bad = await call(
+            daemon,
+            "POST",
+            "/admin/config/refresh",
+            json={"candidate": "models: [\n", "source": "staging/edge.yaml"},
+        )
+        assert (status, bad["result"]) == (200, "rejected")
+        assert bad["errors"][0]["message"].startswith("staging/edge.yaml:2:1: YAML syntax error")
+        # An unset variable is reported as the daemon sees it (its environment, not the client's).
+        candidate["models"][0]["display_name"] = "${NOT_IN_THE_DAEMONS_ENV}"
+        status, unset = await call(
+            daemon, "POST", "/admin/config/refresh", json={"candidate": yaml.safe_dump(candidate)}
+        )
+        assert unset["result"] == "rejected"
+        assert unset["errors"][0]["path"] == "models[echo].display_name"
+        assert "NOT_IN_THE_DAEMONS_ENV" in unset["errors"][0]["message"]
+
+
+async def test_a_candidate_with_mode_apply_is_refused_and_nothing_runs(tmp_path):
+    async with admin_edge(tmp_path, candidate_doc()) as daemon:
+        text = yaml.safe_dump(candidate_doc(capacity=3))
+        status, body = await call(
+            daemon, "POST", "/admin/config/refresh?mode=apply", json={"candidate": text}
+        )
+        assert (status, body["error"]["code"], body["error"]["param"]) == (
+            400,
+            "invalid_request_error",
+            "mode",
+        )
+        assert "judged with mode=dry_run only" in body["error"]["message"]
+        assert "mode='apply'" in body["error"]["message"]
+        assert daemon.supervisor is not None
+        assert (daemon.supervisor.last, daemon.supervisor.runs) == (None, 0)
+        assert [p.capacity for p in daemon.scheduler.statistics().providers] == [1]
+
+
+@pytest.mark.parametrize(
+    ("data", "param", "says"),
+    [
+        (b"{not json", None, "not valid JSON"),
+        (b'["models: []"]', None, "is a JSON list"),
+        (b'{"candidate": "x", "mode": "apply"}', "mode", "Unknown field 'mode'"),
+        (b'{"source": "a.yaml"}', "candidate", "(got nothing)"),
+        (b'{"candidate": {"models": []}}', "candidate", "(got a JSON dict)"),
+        (b'{"candidate": "x", "source": "a\\nb"}', "source", "printable name"),
+        (b'{"candidate": "x", "source": "' + b"a" * 1025 + b'"}', "source", "1024 characters"),
+    ],
+    ids=["not-json", "a-list", "unknown-field", "no-candidate", "not-text", "control", "long"],
+)
+async def test_a_malformed_candidate_body_is_400_naming_the_field(tmp_path, data, param, says):
+    async with admin_edge(tmp_path, candidate_doc()) as daemon:
+        status, body = await call(
+            daemon,
+            "POST",
+            "/admin/config/refresh?mode=dry_run",
+            {"Content-Type": "application/json"},
+            data=data,
+        )
+        assert (status, body["error"]["code"], body["error"]["param"]) == (
+            400,
+            "invalid_request_error",
+            param,
+        )
+        assert says in body["error"]["message"]
+        assert daemon.supervisor is not None
+        assert daemon.supervisor.runs == 0
+
+
+async def test_a_candidate_is_held_to_the_config_files_size_limit(tmp_path):
+    """A candidate over 4 MiB is rejected as a file of that size would be; a body over
+    ``MAX_CANDIDATE_BODY`` is refused (413) before it is read whole."""
+    async with admin_edge(tmp_path, candidate_doc()) as daemon:
+        padding = "#" * (MAX_FILE_BYTES + 1 - len("models: []\n")) + "\n"
+        text = "models: []\n" + padding[1:]
+        assert len(text.encode()) == MAX_FILE_BYTES + 1
+        body = json.dumps({"candidate": text, "source": "big.yaml"}).encode()
+        status, result = await call(
+            daemon,
+            "POST",
+            "/admin/config/refresh",
+            {"Content-Type": "application/json"},
+            data=io.BytesIO(body),
+        )
+        assert (status, result["result"]) == (200, "rejected")
+        assert result["errors"][0]["message"] == (
+            f"cannot read config big.yaml: it is {MAX_FILE_BYTES + 1:,} bytes; a config file may "
+            f"be at most 4 MiB ({MAX_FILE_BYTES:,} bytes)"
+        )
+        huge = b'{"candidate": "' + b"#" * MAX_CANDIDATE_BODY + b'"}'
+        status, body = await call(
+            daemon,
+            "POST",
+            "/admin/config/refresh",
+            {"Content-Type": "application/json"},
+            data=io.BytesIO(huge),
+        )
+        assert (status, body["error"]["code"]) == (413, "request_too_large")
+        assert f"larger than {MAX_CANDIDATE_BODY:,} bytes" in body["error"]["message"]
+
+
+async def test_refresh_candidate_from_the_cli_says_would_apply_and_uses_the_daemons_env(tmp_path):
+    """``iop-edge config refresh --candidate FILE``: the daemon judges FILE (its ``${VAR}``
+    from the daemon's environment: the CLI's has none); the table says what *would* happen;
+    ``--apply`` with ``--candidate`` is a usage error; the daemon's file is untouched."""
+    async with admin_edge(tmp_path, candidate_doc(), env={"TEAM_LABEL": "prod"}) as daemon:
+        url = daemon.console_url
+        live = candidate_doc(capacity=3)
+        live["models"][0]["display_name"] = "${TEAM_LABEL}"
+        (tmp_path / "live.yaml").write_text(yaml.safe_dump(live))
+        (tmp_path / "restart.yaml").write_text(yaml.safe_dump(candidate_doc(edge={"id": "x"})))
+        on_disk = (tmp_path / "edge.yaml").read_bytes()
+
+        async def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return await asyncio.to_thread(
+                cli, "config", "refresh", "--console", url, *args, env={"TEAM_LABEL": ""}
+            )
+
+        result = await run("--candidate", str(tmp_path / "live.yaml"))
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0] == "result: would apply (dry run: nothing was applied)"
+        header = next(line for line in lines if line.startswith("CLASS"))
+        assert header.split()[:3] == ["CLASS", "WOULD", "APPLY"]
+        row = next(line for line in lines if "display_name" in line)
+        assert row.split() == ["live", "yes", "models[echo].display_name", "-", "prod"]
+        restart = await run("--dry-run", "--candidate", str(tmp_path / "restart.yaml"), "--json")
+        assert restart.returncode == 3
+        assert json.loads(restart.stdout)["report"][0]["path"] == "edge.id"
+        refused = await run("--apply", "--candidate", str(tmp_path / "live.yaml"))
+        assert refused.returncode == 2
+        assert "--candidate is judged as a dry run only" in refused.stderr
+        missing = await run("--candidate", str(tmp_path / "nope.yaml"))
+        assert missing.returncode == 1
+        assert f"cannot read config {tmp_path / 'nope.yaml'}" in missing.stderr
+        assert [p.capacity for p in daemon.scheduler.statistics().providers] == [1]
+        assert (tmp_path / "edge.yaml").read_bytes() == on_disk
+        assert daemon.supervisor is not None
+        assert daemon.supervisor.last is None

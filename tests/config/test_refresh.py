@@ -264,6 +264,7 @@ RESTART = [
     ("edge identity", set_path("edge", value={"id": "other"}), "edge.id", [], []),
     ("listen", set_path("listen", value={"address": "127.0.0.1:7700"}), "listen.address", [], []),
     ("logging", set_path("logging", value={"level": "debug"}), "logging.level", [], []),
+    ("reload watch", set_path("reload", value={"watch": False}), "reload.watch", [], []),
     ("metrics", set_path("metrics", value={"listen": "127.0.0.1:1"}), "metrics.listen", [], []),
     ("console", set_path("console", value={"listen": "127.0.0.1:2"}), "console.listen", [], []),
     (
