@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from iop_edge.logs import configure_logging
+from iop_edge.logs import configure_logging, flush_logs
 
 settings.register_profile(
     "ci",
@@ -26,11 +26,20 @@ settings.register_profile("explore", deadline=None, max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+class LogCapture(io.StringIO):
+    """The log as a file would have it: reading it first writes out the lines the edge queued
+    (it writes in batches, up to 20 ms late; :class:`iop_edge.logs.LineWriter`)."""
+
+    def getvalue(self) -> str:
+        flush_logs()
+        return super().getvalue()
+
+
 @pytest.fixture
 def log_stream() -> io.StringIO:
     """Every structured log line the edge writes during the test (info level, JSON); a
     directory's conftest may override it (``tests/api`` logs at debug level)."""
-    stream = io.StringIO()
+    stream = LogCapture()
     configure_logging("info", "json", stream)
     return stream
 

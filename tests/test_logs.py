@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from typing import Any
 
 import openai
 import pytest
 
-from iop_edge.logs import configure_logging, flush_logs, get_logger, request_level
+from iop_edge.logs import (
+    FLUSH_BYTES,
+    configure_logging,
+    flush_logs,
+    get_logger,
+    request_level,
+)
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import doc_for, dump, edge_on
@@ -152,3 +160,46 @@ async def test_a_refresh_logs_each_change_old_to_new_secrets_redacted(tmp_path, 
     assert "secret-value" not in log_stream.getvalue()
     assert rejected["level"] == "warning"
     assert rejected["errors"] == ["provider_pool.max_queue: -1 is negative; max_queue must be >= 0"]
+
+
+class CountingStream(io.StringIO):
+    """A log stream that counts its writes (each one a system call on a real file)."""
+
+    writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+async def test_lines_logged_together_are_written_in_one_write_and_a_big_batch_at_once():
+    stream = CountingStream()
+    configure_logging("info", "json", stream)
+    log = get_logger()
+    for n in range(3):
+        log.info("tick", n=n)
+    assert stream.writes == 0  # queued: nothing written before the loop turns
+    flush_logs()
+    assert stream.writes == 1
+    assert [json.loads(line)["n"] for line in stream.getvalue().splitlines()] == [0, 1, 2]
+    log.info("big", text="x" * FLUSH_BYTES)  # past the batch's size: written at once
+    assert stream.writes == 2
+
+
+def test_lines_queued_when_the_process_exits_are_written():
+    """A line logged in a loop that ends (an error, an exit) before the batch is due still
+    reaches the log: the writer is flushed at exit."""
+    script = (
+        "import asyncio, sys\n"
+        "from iop_edge.logs import configure_logging, get_logger\n"
+        "configure_logging('info', 'json', sys.stdout)\n"
+        "async def main():\n"
+        "    get_logger().warning('last_words')\n"
+        "    raise SystemExit(3)\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 3
+    assert json.loads(done.stdout)["event"] == "last_words"

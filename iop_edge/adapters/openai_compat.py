@@ -165,6 +165,7 @@ class _SseEvents:
 
     __slots__ = (
         "_data",
+        "_fast",
         "_hide_usage",
         "_model",
         "_model_value",
@@ -190,6 +191,9 @@ class _SseEvents:
         self._model = model
         self._model_value = _MODEL_KEY + orjson.dumps(model)
         self._renamed: tuple[object, bytes] = (model, self._model_value)
+        #: how the upstream names its model in an event (its compact pair, or b"" for not at
+        #: all), learnt from the first event parsed; None until then
+        self._fast: bytes | None = None
 
     def translate(self, line: bytes) -> bytes:
         """The frame of the event this line ends, if any."""
@@ -210,6 +214,35 @@ class _SseEvents:
         return self._check(event)
 
     def _check(self, event: bytes) -> bytes:
+        """The frame to relay for one event (or b"").
+
+        An event like the ones before it — framed as a JSON object, no ``"error"``, no usage
+        but the ``"usage":null`` an upstream puts in every chunk, and its model named exactly as
+        in the first event — is relayed without being decoded (its model replaced in the
+        bytes): decoding every chunk was most of what the edge spent per streamed chunk. Any
+        other event (the first, the usage, an error, a new form) is parsed in full
+        (:meth:`_parse`), so usage stays exact and an upstream's error is seen.
+        """
+        fast = self._fast
+        if fast is None or event[:1] != b"{" or event[-1:] != b"}" or b'"error"' in event:
+            return self._parse(event)
+        if b'"usage"' in event:
+            if _USAGE_NULL not in event or event.count(b'"usage"') != 1:
+                return self._parse(event)
+            if self._hide_usage:
+                event = event.replace(_USAGE_NULL, b"")
+        if fast:
+            at = event.find(fast)
+            if at < 0 or event.find(fast, at + 1) >= 0:
+                return self._parse(event)
+            model = self._model_value
+            if fast != model:
+                event = event[:at] + model + event[at + len(fast) :]
+        elif _MODEL_KEY in event:
+            return self._parse(event)
+        return b"data: " + event + b"\n\n"
+
+    def _parse(self, event: bytes) -> bytes:
         """Validate one event and capture its usage; return the frame to relay (or b"")."""
         url = self._url
         try:
@@ -230,6 +263,10 @@ class _SseEvents:
         if self._hide_usage and _USAGE_NULL in event:
             event = event.replace(_USAGE_NULL, b"")
         current = chunk.get("model")
+        if current is None:
+            self._fast = b""
+        elif isinstance(current, str):
+            self._fast = _MODEL_KEY + orjson.dumps(current)
         if current != self._model and current is not None:
             event = self._rename(event, chunk, current)
         return b"data: " + event + b"\n\n"

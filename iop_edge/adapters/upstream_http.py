@@ -4,7 +4,7 @@
   on first use (a session needs a running loop; a payload is mapped without one). aiohttp's own
   timeouts are off: each exchange is bounded by one deadline (``request_timeout_ms``).
 - :class:`HttpTarget`: where one executor sends its requests and how it names itself in errors.
-- :func:`read_capped`, :class:`LineReader`, :func:`not_an_answer`: reading bodies within
+- :func:`read_capped`, :func:`not_an_answer`: reading bodies within
   size caps; :func:`upstream_error` maps the third-party exceptions met on the way to
   :class:`~iop_edge.errors.AdapterError` (the adapters raise it once, ``from exc``).
 - :func:`post_for_body`, :func:`post_for_stream`: one POST, bounded by the call's deadline.
@@ -49,7 +49,6 @@ __all__ = [
     "MAX_RESPONSE_BYTES",
     "HttpBackend",
     "HttpTarget",
-    "LineReader",
     "LineTranslator",
     "ResponseTooLarge",
     "not_an_answer",
@@ -279,43 +278,6 @@ class Watchdog:
         return upstream_error(target, url, TimeoutError() if self.expired else exc)
 
 
-class LineReader:
-    """Splits a streamed body into lines as they arrive, capping one line at
-    :data:`MAX_FRAME_BYTES` (an upstream that never sends a newline cannot fill memory)."""
-
-    __slots__ = ("_buffer", "_content")
-
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._content = response.content
-        self._buffer = bytearray()
-
-    def has_line(self) -> bool:
-        """True when a whole line is already buffered (reading it will not wait)."""
-        return b"\n" in self._buffer
-
-    async def readline(self) -> bytes:
-        """The next line with its ``\\n`` (the last one may lack it); ``b""`` at the end."""
-        buffer = self._buffer
-        scanned = 0
-        while True:
-            end = buffer.find(b"\n", scanned)
-            if end >= 0:
-                line = bytes(buffer[: end + 1])
-                del buffer[: end + 1]
-                return line
-            if len(buffer) > MAX_FRAME_BYTES:
-                raise ResponseTooLarge(
-                    f"a line of the stream exceeds the {MAX_FRAME_BYTES}-byte limit"
-                )
-            chunk = await self._content.readany()
-            if not chunk:
-                line = bytes(buffer)
-                buffer.clear()
-                return line
-            scanned = len(buffer)
-            buffer += chunk
-
-
 async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamReply:
     """The upstream's error status (400–599) as an :class:`UpstreamReply` in the OpenAI
     envelope, with a ``detail`` for the log.
@@ -517,8 +479,9 @@ class LineTranslator(Protocol):
     """The reason in the ``upstream_error`` when the body ends before :attr:`done`."""
 
     def translate(self, line: bytes) -> bytes:
-        """The frames (possibly ``b""``) for one line of the body, ``\\n`` included. Raises
-        for a line that breaks the protocol (an AdapterError is raised as is)."""
+        """The frames (possibly ``b""``) for one line of the body, without its ``\\n`` (a
+        ``\\r`` stays). Raises for a line that breaks the protocol (an AdapterError is raised
+        as is)."""
         ...
 
 
@@ -556,9 +519,10 @@ async def _relay(
 ) -> AsyncGenerator[bytes, None]:
     """The frames of a streamed answer, line by line through ``translator``.
 
-    - Frames translated from lines that arrived together are yielded as one write, up to
-      :data:`MAX_BATCH_BYTES` (a write per event was most of a streamed request's CPU); the
-      size is counted as frames are added, not summed again per line.
+    - Each read from the network is split into its whole lines at once (the rest waits for the
+      next read; one line is capped at :data:`MAX_FRAME_BYTES`), and the frames translated from
+      them are yielded as one write, cut at :data:`MAX_BATCH_BYTES` (a write per event was most
+      of a streamed request's CPU, and an ``await`` per line a tenth of it).
     - One :class:`Watchdog` bounds the whole exchange by ``deadline``.
     - A failure yields what was translated before it (it is still the client's), then raises
       the mapped :class:`~iop_edge.errors.AdapterError` (the timeout's once the deadline has
@@ -567,24 +531,46 @@ async def _relay(
     """
     ready: list[bytes] = [first] if first else []  # translated, not yet yielded
     size = len(first)
-    lines = LineReader(response)
+    content = response.content
+    partial = b""  # the start of a line whose end has not arrived
+    translate = translator.translate
     watchdog = Watchdog(response, deadline)
     try:
         while True:
-            if ready and (size >= MAX_BATCH_BYTES or not lines.has_line()):
+            if ready:
                 yield b"".join(ready)  # then wait for the network
                 ready.clear()
                 size = 0
-            line = await lines.readline()
-            if not line:
+            chunk = await content.readany()
+            if not chunk:
+                if partial:  # the last line, without its newline
+                    frame = translate(partial)
+                    if frame:
+                        ready.append(frame)
+                    if translator.done:
+                        yield b"".join(ready)
+                        return
                 raise target.broken(url, translator.unfinished)
-            frame = translator.translate(line)
-            if frame:
-                ready.append(frame)
-                size += len(frame)
-            if translator.done:
-                yield b"".join(ready)
-                return
+            if partial:
+                chunk = partial + chunk
+            lines = chunk.split(b"\n")
+            partial = lines.pop()
+            if len(partial) > MAX_FRAME_BYTES:
+                raise ResponseTooLarge(
+                    f"a line of the stream exceeds the {MAX_FRAME_BYTES}-byte limit"
+                )
+            for line in lines:
+                frame = translate(line)
+                if frame:
+                    ready.append(frame)
+                    size += len(frame)
+                    if size >= MAX_BATCH_BYTES:
+                        yield b"".join(ready)
+                        ready.clear()
+                        size = 0
+                if translator.done:
+                    yield b"".join(ready)
+                    return
     except Exception as exc:
         if ready:
             yield b"".join(ready)

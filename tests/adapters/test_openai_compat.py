@@ -579,3 +579,72 @@ async def test_embeddings_pass_through_with_the_clients_model(
     assert answer["model"] == "embed"
     assert answer["data"][0]["embedding"] == fake_embedding("a b", 4)
     assert reply.usage.prompt_tokens == 2
+
+
+def scripted(events: list[bytes]) -> Callable[[web.Request], Any]:
+    """An upstream that streams exactly ``events`` (each one SSE ``data:`` payload), arriving
+    in one piece and split across reads alike, then ``[DONE]``."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        body = b"".join(b"data: " + event + b"\n\n" for event in events) + b"data: [DONE]\n\n"
+        half = len(body) // 2  # (a line cut in two by the network)
+        await response.write(body[:half])
+        await response.write(body[half:])
+        return response
+
+    return stream
+
+
+async def test_streamed_events_keep_usage_errors_and_the_clients_model_exact(
+    sets: SetFactory,
+) -> None:
+    """Events like the first are relayed without being decoded: the upstream's ``"usage":null``
+    hidden, its model replaced in the bytes. Any other — the usage, an event spelling the model
+    otherwise or naming another one — is parsed, so usage stays exact and the model right."""
+    chunk = b'{"id":"c","model":"up","choices":[{"index":0,"delta":{"content":"%s"}}],"usage":null}'
+    events = [
+        chunk % b"a",
+        chunk % b'\\"usage\\": \\"error\\"',  # (words of the answer, not fields)
+        b'{"id":"c","model": "up","choices":[{"index":0,"delta":{"content":"b"}}],"usage":null}',
+        b'{"id":"c","model":"other","choices":[{"index":0,"delta":{"content":"c"}}]}',
+        chunk % b"d",
+        b'{"id":"c","model":"up","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":4}}',
+    ]
+    async with serve("/v1/chat/completions", scripted(events)) as origin:
+        executor = provider_set(sets, f"{origin}/v1").for_provider("p1")
+        stream = await executor.open_stream(chat(stream=True, model="g"))
+        chunks = payloads(await collect(stream))
+    assert [c["choices"][0]["delta"]["content"] for c in chunks[:-1]] == [
+        "a",
+        '"usage": "error"',
+        "b",
+        "c",
+        "d",
+    ]
+    assert {c["model"] for c in chunks[:-1]} == {"g"}
+    assert all("usage" not in c for c in chunks[:-1])  # the client did not ask for it
+    assert chunks[-1] == "[DONE]"
+    assert (stream.usage.prompt_tokens, stream.usage.completion_tokens) == (7, 4)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"id":"c","model":"up","choices":[{"delta":',  # cut short: not framed as an object
+        b'{"error":{"message":"overloaded"}}',  # an error in the stream, after normal events
+    ],
+)
+async def test_a_broken_event_after_normal_ones_is_still_an_upstream_error(
+    sets: SetFactory, bad: bytes
+) -> None:
+    chunk = b'{"id":"c","model":"up","choices":[{"index":0,"delta":{"content":"x"}}]}'
+    async with serve("/v1/chat/completions", scripted([chunk, chunk, bad])) as origin:
+        executor = provider_set(sets, f"{origin}/v1").for_provider("p1")
+        frames, error = await frames_until_error(
+            await executor.open_stream(chat(stream=True, model="g"))
+        )
+    assert len(frames) == 2  # the normal events reach the client first
+    assert isinstance(error, AdapterError)
+    assert error.code == "upstream_error"

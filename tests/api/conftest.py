@@ -17,6 +17,7 @@ from iop_edge.logs import configure_logging
 from iop_edge.seams import Clock
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
+from tests.conftest import LogCapture
 from tests.helpers import FAKE_CLI
 
 TOKEN = "iop_test-token-chat"
@@ -123,7 +124,7 @@ async def fake_ol() -> AsyncIterator[FakeOllama]:
 @pytest.fixture
 def log_stream() -> io.StringIO:
     """Every structured log line the edge writes during the test."""
-    stream = io.StringIO()
+    stream = LogCapture()
     configure_logging("debug", "json", stream)
     return stream
 
