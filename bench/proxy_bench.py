@@ -273,6 +273,8 @@ class Bench:
             max_queue=pending,
             held_group=True,
         )
+        # Every parked request is an open connection: room for them and the load's.
+        config["openai"]["max_connections"] = pending + 4096
         target = start_edge(
             self.processes, self.workdir, self.proxy_cores, config, token, "iop-edge-pending"
         )

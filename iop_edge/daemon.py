@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -72,6 +72,16 @@ HANDOVER_IDLE_GRACE = 2.0
 request a client sends on one is relayed instead of meeting a closed connection."""
 
 
+GC_THRESHOLDS: Final = (50_000, 20, 20)
+"""The collector's thresholds in ``serve`` (Python's are 700, 10, 10). Requests free their
+objects by reference counting; the collector only walks what is still alive, so young
+collections cost the same whichever the threshold, and are 70 times fewer. Fewer of them also
+promote fewer objects of requests in flight to the old generation, whose full collections walk
+every long-lived object — with 10,000 requests waiting, 160–290 ms each, 26 times in a
+benchmark run, which was the tail at concurrency 64 (issue 16; ``bench/proxy_bench.py
+--scaling-only``). Cyclic garbage waits for up to 50,000 allocations."""
+
+
 def cancel_reserve(drain_timeout: float) -> float:
     """The end of a drain kept for cancelling what is still running: a quarter of the drain
     timeout, at most 2.5 s — the CLI kill grace (SIGTERM, then SIGKILL 2 s later to a group
@@ -95,7 +105,8 @@ class Daemon:
     supervisor_options: SupervisorOptions = field(default_factory=SupervisorOptions)
     #: watch the config file (tests turn it off); the config's ``reload.watch: false`` too
     watch: bool = True
-    #: ``gc.freeze()`` once started (the ``serve`` command; tests share one process and don't)
+    #: ``gc.freeze()`` and :data:`GC_THRESHOLDS` once started (the ``serve`` command; tests
+    #: share one process and don't)
     freeze_gc: bool = False
     #: listening sockets passed in, by listener name (:mod:`iop_edge.activation`): used
     #: instead of binding that listener's configured address
@@ -288,6 +299,7 @@ class Daemon:
             # collector's reach, so full collections walk only what requests allocate.
             gc.collect()
             gc.freeze()
+            gc.set_threshold(*GC_THRESHOLDS)
         self.server.ready = True
         self.notifier.ready(status_line(self.supervisor) if self.supervisor else "serving")
         if predecessor is not None:
