@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 import yaml
 
-from iop_edge.runtime_record import record_name
 from iop_edge.daemon import GC_THRESHOLDS
+from iop_edge.runtime_record import record_name
 from iop_edge.systemd import Notifier
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
