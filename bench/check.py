@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import ROOT, ProcessSet, Target, start_fake
+from peers import ROOT, ProcessSet, Target, have_taskset, start_fake
 from proxy_bench import RESULTS, Bench, meta
 from proxy_bench import parse_options as proxy_bench_options
 from regression import (
@@ -92,6 +92,15 @@ def _busy_jiffies(cpus: set[int]) -> dict[int, int]:
             # user nice system idle iowait irq softirq steal: busy = all but idle and iowait
             busy[index] = sum(fields[:8]) - fields[3] - fields[4]
     return busy
+
+
+def busy_now(cores: set[int], seconds: float) -> dict[int, float]:
+    """Each core's busy share (in %) over the next ``seconds``, while this process sleeps."""
+    before = _busy_jiffies(cores)
+    time.sleep(seconds)
+    after = _busy_jiffies(cores)
+    tick = os.sysconf("SC_CLK_TCK")
+    return {core: round((after[core] - before[core]) / tick / seconds * 100, 1) for core in after}
 
 
 class ForeignLoad:
@@ -184,6 +193,15 @@ def measure(options: argparse.Namespace) -> dict[str, Any]:
         "python",
     ]
     bench_options = proxy_bench_options([*argv, *(["--no-pin"] if options.no_pin else [])])
+    if have_taskset() and not options.no_pin and options.max_other_work < 100:
+        # Refuse at once, rather than after a minute and a half spent disturbing the neighbours.
+        busy = {c: p for c, p in busy_now({0, 1}, 2.0).items() if p > options.max_other_work}
+        if busy:
+            shares = ", ".join(f"core {core} {pct:.0f} %" for core, pct in busy.items())
+            raise BrokenRun(
+                f"the machine is busy: other work takes {shares} (more than "
+                f"{options.max_other_work:.0f} %); run it again when the machine is quiet"
+            )
     workdir = Path(tempfile.mkdtemp(prefix="iop-bench-check-"))
     samples: dict[tuple[bool, int, str], list[dict[str, Any]]] = {}
     started = time.monotonic()
