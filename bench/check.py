@@ -15,7 +15,7 @@ baseline by more than the tolerance; 2 the run is broken (a target did not start
 failed, a cell measured nothing, the baseline is missing or unreadable or covers other cells,
 or was measured with another load generator or pinning) — never 0 on a broken run.
 
-    .venv/bin/python bench/check.py            # make bench-check: about 80 s on 2 cores
+    .venv/bin/python bench/check.py            # make bench-check: about 100 s on 2 cores
     .venv/bin/python bench/check.py --update   # make bench-baseline: write bench/baseline.json
     .venv/bin/python bench/check.py --compare bench/results/check-<stamp>.json   # a saved run
 
@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compare", type=Path, metavar="FILE", help="judge a saved run instead of measuring"
     )
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
     parser.add_argument(
         "--duration", type=float, default=0.5, help="measured seconds per cell (default 0.5)"
     )
