@@ -13,6 +13,7 @@ A figures document::
                 "cpu_ratio": 1.63,                       # iop-edge / pass-through, CPU per request
                 "edge_cpu_us_per_req": 268.0, "passthrough_cpu_us_per_req": 164.0,
                 "added_p50_ms": 0.301,                   # iop-edge p50 - direct p50 (c=1 only)
+                "direct_p50_ms": 0.193,                  # the upstream alone (c=1; not judged)
                 "rounds": {"cpu_ratio": [...], ...}},     # the per-round values the medians are of
                ...]}
 
@@ -23,7 +24,8 @@ baseline by more than ``tolerance`` (relative); for added p50 the increase must 
 measurement). It is **better** when it is below the baseline by more than the tolerance (the
 line can then be moved: ``--update``). The absolute CPU per request of each target is shown but
 not judged: it follows the machine's state, the ratio of two targets measured side by side does
-much less.
+much less. Nor is the upstream's own p50: when it moved by more than the tolerance, a warning
+says that the machine itself got faster or slower (the added p50 moves with it).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class Cell:
     passthrough_cpu_us_per_req: float
     added_p50_ms: float | None
     rounds: Mapping[str, Sequence[float]]
+    direct_p50_ms: float | None = None
+    """The upstream's own p50 (not judged: it tells whether the machine itself got slower)."""
 
     @property
     def key(self) -> str:
@@ -129,6 +133,7 @@ def _cell(raw: object, path: str) -> Cell:
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise FiguresError(f"{path}.concurrency: {concurrency!r} is not an integer >= 1")
     added = raw.get("added_p50_ms")
+    direct = raw.get("direct_p50_ms")
     rounds = raw.get("rounds", {})
     if not isinstance(rounds, Mapping):
         raise FiguresError(f"{path}.rounds: {rounds!r} is not an object")
@@ -148,6 +153,9 @@ def _cell(raw: object, path: str) -> Cell:
         if added is None
         else _number(added, f"{path}.added_p50_ms", positive=False),
         rounds={str(k): list(v) for k, v in rounds.items() if isinstance(v, list)},
+        direct_p50_ms=None
+        if direct is None
+        else _number(direct, f"{path}.direct_p50_ms", positive=True),
     )
 
 
@@ -186,6 +194,7 @@ def cell_from_rounds(
             raise ValueError("edge_p50_ms and direct_p50_ms need the same, non-zero length")
         added = [round(e - d, 3) for e, d in zip(edge_p50_ms, direct_p50_ms, strict=True)]
         cell["added_p50_ms"] = round(statistics.median(added), 3)
+        cell["direct_p50_ms"] = round(statistics.median(direct_p50_ms), 3)
         cell["rounds"]["added_p50_ms"] = added
     return cell
 
@@ -294,6 +303,14 @@ def compare(
         if cell is None:
             problems.append(f"{base.key}: the baseline has this cell, the run did not measure it")
             continue
+        if base.direct_p50_ms and cell.direct_p50_ms:
+            moved = cell.direct_p50_ms / base.direct_p50_ms - 1
+            if abs(moved) > tolerance:
+                warnings.append(
+                    f"{base.key}: the upstream alone answered in {cell.direct_p50_ms:.3f} ms "
+                    f"(p50), {_change(moved)} against the baseline's {base.direct_p50_ms:.3f} "
+                    "ms: the machine itself is faster or slower, and the added p50 moves with it"
+                )
         for name in CHECKED:
             then, now = base.figure(name), cell.figure(name)
             if then is None:

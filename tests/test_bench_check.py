@@ -114,6 +114,7 @@ def test_the_added_p50_is_the_median_of_each_rounds_difference():
         "stream", 1, [300.0, 310.0], [200.0, 200.0], [0.9, 1.5, 0.95], [0.6, 1.1, 0.7]
     )
     assert cell["added_p50_ms"] == 0.3  # differences 0.3, 0.4, 0.25
+    assert cell["direct_p50_ms"] == 0.7
     assert cell["rounds"]["added_p50_ms"] == [0.3, 0.4, 0.25]
 
 
@@ -219,6 +220,21 @@ def test_another_cpu_model_is_a_warning_only():
     assert comparison.warnings == (
         "CPU model: the baseline was measured with 'Test CPU', this run with 'Other CPU'",
     )
+
+
+def test_a_slower_upstream_is_named_in_a_warning_beside_the_added_p50():
+    baseline, current = document(), document(added={"plain c=1": 0.35})
+    baseline["cells"][0]["direct_p50_ms"] = 0.200
+    current["cells"][0]["direct_p50_ms"] = 0.230
+    comparison = regression.compare(figures(baseline), figures(current), 0.10)
+    assert regression.exit_code(comparison) == regression.EXIT_REGRESSION  # still judged
+    assert comparison.warnings == (
+        "plain c=1: the upstream alone answered in 0.230 ms (p50), +15.0% against the "
+        "baseline's 0.200 ms: the machine itself is faster or slower, and the added p50 moves "
+        "with it",
+    )
+    current["cells"][0]["direct_p50_ms"] = 0.215  # +7.5 %: within the tolerance, no warning
+    assert regression.compare(figures(baseline), figures(current), 0.10).warnings == ()
 
 
 def test_a_run_on_a_busy_machine_is_broken_whatever_its_figures():
