@@ -1,7 +1,7 @@
 """``make bench-check``: a short proxy benchmark judged against ``bench/baseline.json``.
 
 Measures, with the machinery of ``bench/proxy_bench.py`` (same fake upstream, same load
-generator, same ``/proc`` CPU sampling, same pinning: targets on core 1, the rest on core 0),
+generator, same CPU sampling, same pinning: targets on core 1, the rest on core 0),
 three targets — the fake upstream ``direct``, ``iop-edge`` and the bare ``passthrough`` — in
 both modes (non-streaming, streaming) at concurrency 1, 16 and 64, in short cells, in several
 rounds. Within a round each scenario measures iop-edge and the pass-through back to back (and
@@ -13,10 +13,11 @@ the added p50 (iop-edge p50 - direct p50). ``bench/regression.py`` judges them.
 Exit status: 0 every figure within the tolerance (or better); 1 a figure is worse than the
 baseline by more than the tolerance; 2 the run is broken (a target did not start, a request
 failed, a cell measured nothing, the baseline is missing or unreadable or covers other cells,
-or was measured with another load generator or pinning) — never 0 on a broken run.
+or was measured with another load generator or pinning, or other work took more than
+``--max-other-work`` % of a core during the run) — never 0 on a broken run.
 
     .venv/bin/python bench/check.py            # make bench-check: about 100 s on 2 cores
-    .venv/bin/python bench/check.py --update   # make bench-baseline: write bench/baseline.json
+    .venv/bin/python bench/check.py --update   # make bench-baseline: 27 rounds, about 5 minutes
     .venv/bin/python bench/check.py --compare bench/results/check-<stamp>.json   # a saved run
 
 Not named ``bench_*.py``: ``make bench`` (``bench/run_all.py``) does not run it.
@@ -65,6 +66,10 @@ CONCURRENCY = (1, 16, 64)
 ADDED_P50_AT = 1
 """The concurrency whose added p50 is judged (higher ones queue in the client and the proxy)."""
 BUDGET_S = 120.0
+CHECK_ROUNDS = 9
+UPDATE_ROUNDS = 3 * CHECK_ROUNDS
+"""The baseline is measured rarely and judged against every run: three times the rounds (about
+5 minutes) make it a steadier centre, so a check run's own noise is most of what it meets."""
 MAX_OTHER_WORK_PCT = 15.0
 
 
@@ -378,7 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compare", type=Path, metavar="FILE", help="judge a saved run instead of measuring"
     )
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help=f"interleaved rounds (default {CHECK_ROUNDS}; {UPDATE_ROUNDS} with --update)",
+    )
     parser.add_argument(
         "--duration", type=float, default=0.5, help="measured seconds per cell (default 0.5)"
     )
@@ -399,6 +408,8 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--tolerance: {options.tolerance} is not in [0, 1); 0.10 is 10 %")
     if options.p50_floor_ms < 0:
         parser.error(f"--p50-floor-ms: {options.p50_floor_ms} is negative")
+    if options.rounds is None:
+        options.rounds = UPDATE_ROUNDS if options.update else CHECK_ROUNDS
     if options.rounds < 1:
         parser.error(f"--rounds: {options.rounds} is not >= 1")
     if options.duration <= 0 or options.warmup < 0:
