@@ -9,7 +9,7 @@ LOCK   := requirements.lock
 # Where `make install` puts the production venv (deploy/iop-edge.service runs PREFIX/bin/iop-edge).
 PREFIX ?= /opt/iop-edge
 
-.PHONY: run test lint bench bench-peers setup lock install clean
+.PHONY: run test lint bench bench-check bench-baseline bench-peers setup lock install clean
 
 # Create the venv when missing and (re)install the project when pyproject.toml or the lock
 # changes. The runtime dependencies are installed at the lock's versions, so the tests run
@@ -61,6 +61,18 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+# The regression check (under 2 minutes): iop-edge's CPU per request over the pass-through's and
+# its added p50, against the figures committed in bench/baseline.json; exit 1 when a figure is
+# more than 10 % worse, 2 when the run is broken. Run it before each performance-relevant commit.
+# Not part of `make test`: timings don't belong in tests.
+bench-check: $(STAMP)
+	$(BIN)/python bench/check.py
+
+# Measure and write bench/baseline.json: after an intended change in performance; commit it
+# with the change and say why in the commit message.
+bench-baseline: $(STAMP)
+	$(BIN)/python bench/check.py --update
 
 LITELLM_VENV := bench/.venv-litellm
 

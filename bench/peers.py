@@ -3,7 +3,8 @@
 - :class:`BenchProcess`: one subprocess in its own process group, optionally pinned to CPU
   cores with ``taskset``, its output in a log file; :meth:`BenchProcess.stop` ends the whole
   group (SIGTERM, SIGKILL after a grace period). :func:`tree_rss_kib` and
-  :func:`tree_cpu_seconds` read ``/proc`` for the process and its descendants.
+  :func:`tree_cpu_seconds` measure the process and its descendants (``/proc``, and each
+  process's CPU-time clock, in nanoseconds).
 - :class:`ProcessSet`: every process started so far, stopped in reverse order on exit (also on
   Ctrl-C and errors), so a benchmark never leaves anything behind.
 - Launchers for each target: the fake upstream (:func:`start_fake`), ``iop-edge serve`` on a
@@ -102,15 +103,28 @@ def tree_rss_kib(pid: int) -> int:
     return total
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds used so far by process ``pid`` (every thread, exited ones too), or 0.
+
+    Read from the kernel's CPU-time clock of the process (``clock_getcpuclockid``: the clock id
+    ``~pid << 3 | CPUCLOCK_SCHED``), which counts nanoseconds; ``/proc/<pid>/stat`` (utime +
+    stime, the same time in clock ticks of 10 ms) only where that clock cannot be read. A 10 ms
+    tick is a few per cent of a one-second cell, more than the differences measured.
+    """
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
+    return 0.0
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds used so far by ``pid`` and its live descendants."""
-    ticks = 0
-    for member in process_tree(pid):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            stat = Path(f"/proc/{member}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    return ticks / _CLK_TCK
+    return sum(process_cpu_seconds(member) for member in process_tree(pid))
 
 
 @dataclass

@@ -79,6 +79,9 @@ TARGETS_GOALS = {
     "litellm_ratio_min": 20.0,
     "added_p50_c1_ms_max": 0.6,
     "rss_mib_max": 80.0,
+    # issue 16: iop-edge's CPU per request over the pass-through's, same run (the headline)
+    "cpu_ratio_plain_max": 1.2,
+    "cpu_ratio_stream_max": 1.3,
 }
 
 
@@ -106,6 +109,8 @@ class Bench:
         self.startup_s: dict[str, float] = {}
         self.scaling: list[dict[str, Any]] = []
         self.fake: Target | None = None
+        self.echo = True
+        """Print one line per measured cell (``bench/check.py`` prints its own progress)."""
 
     # -- one cell ----------------------------------------------------------------------------
 
@@ -162,6 +167,8 @@ class Bench:
             "client_core_pct": round(result["client_cpu_s"] / busy * 100, 1),
             "wall_s": round(wall, 2),
         }
+        if not self.echo:
+            return cell
         errors = f" errors={cell['errors']}" if cell["errors_total"] else ""
         print(
             f"  {target.name:<14} {'stream' if stream else 'plain ':<6} c={concurrency:<3} "
@@ -464,7 +471,56 @@ def summarize(bench: Bench) -> dict[str, Any]:
                     ),
                 }
             )
-    return {"scenarios": scenarios, "verdicts": verdicts(bench, scenarios)}
+    return {
+        "headline": headline(scenarios),
+        "scenarios": scenarios,
+        "verdicts": verdicts(bench, scenarios),
+    }
+
+
+def headline(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The headline figures: iop-edge's CPU per request against the pass-through's, per scenario.
+
+    CPU time per request of two targets measured in the same run is steadier on a shared machine
+    than req/s, which follows whatever else the cores are doing.
+    """
+    rows = []
+    for scenario in scenarios:
+        by_target = {row["target"]: row for row in scenario["rows"]}
+        edge = by_target.get("iop-edge", {})
+        ceiling = by_target.get("passthrough", {})
+        rows.append(
+            {
+                "stream": scenario["stream"],
+                "concurrency": scenario["concurrency"],
+                "edge_cpu_us_per_req": edge.get("cpu_us_per_req"),
+                "passthrough_cpu_us_per_req": ceiling.get("cpu_us_per_req"),
+                "cpu_ratio": scenario["edge_cpu_over_ceiling_cpu"],
+                "cpu_ratio_max": TARGETS_GOALS[
+                    "cpu_ratio_stream_max" if scenario["stream"] else "cpu_ratio_plain_max"
+                ],
+                "added_p50_ms": edge.get("added_p50_ms"),
+            }
+        )
+    return rows
+
+
+def headline_markdown(rows: list[dict[str, Any]]) -> str:
+    """The headline table (printed first by ``proxy_bench.py`` and again by ``make bench``)."""
+    lines = [
+        "#### Headline: iop-edge CPU per request against the bare pass-through (same run)\n",
+        "| scenario | iop-edge CPU µs/req | pass-through CPU µs/req | ratio | target | "
+        "added p50 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        kind = "streaming" if row["stream"] else "non-streaming"
+        lines.append(
+            f"| {kind} c={row['concurrency']} | {_num(row['edge_cpu_us_per_req'])} | "
+            f"{_num(row['passthrough_cpu_us_per_req'])} | {_ratio_text(row['cpu_ratio'], 'x')} "
+            f"| ≤ {row['cpu_ratio_max']:.2f}x | {_ms(row['added_p50_ms'])} |"
+        )
+    return "\n".join(lines)
 
 
 def verdicts(bench: Bench, scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -477,6 +533,17 @@ def verdicts(bench: Bench, scenarios: list[dict[str, Any]]) -> list[dict[str, An
     def label(s: dict[str, Any]) -> str:
         return f"{'stream' if s['stream'] else 'plain'} c={s['concurrency']}"
 
+    for stream, kind in ((False, "non-streaming"), (True, "streaming")):
+        limit = TARGETS_GOALS["cpu_ratio_stream_max" if stream else "cpu_ratio_plain_max"]
+        ratios = {
+            label(s): s["edge_cpu_over_ceiling_cpu"] for s in scenarios if s["stream"] == stream
+        }
+        known = [v for v in ratios.values() if v is not None]
+        verdict(
+            f"iop-edge CPU per request <= {limit}x the pass-through's, {kind} (issue 16)",
+            ratios,
+            all(v <= limit for v in known) if known else None,
+        )
     ceiling = {label(s): s["edge_over_ceiling"] for s in scenarios}
     known = [v for v in ceiling.values() if v is not None]
     verdict(
@@ -515,7 +582,7 @@ def verdicts(bench: Bench, scenarios: list[dict[str, Any]]) -> list[dict[str, An
 
 def markdown(bench: Bench, summary: dict[str, Any]) -> str:
     """The report as Markdown."""
-    lines: list[str] = []
+    lines: list[str] = ["", headline_markdown(summary["headline"])]
     for scenario in summary["scenarios"]:
         kind = "streaming" if scenario["stream"] else "non-streaming"
         lines += [
@@ -711,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
                 "skipped": bench.skipped,
                 "cells": bench.cells,
                 "scaling": bench.scaling,
+                "headline_markdown": headline_markdown(summary["headline"]),
                 "markdown": report,
             },
             indent=2,

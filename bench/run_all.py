@@ -1,20 +1,55 @@
-"""Run every benchmark in bench/ in turn (``make bench``)."""
+"""Run every benchmark in bench/ in turn (``make bench``).
+
+The proxy benchmark runs first, and its headline table (iop-edge's CPU per request against the
+bare pass-through's, and the added p50) is printed again at the end, so it is what the run
+leaves on the screen.
+"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+HEADLINE_FIRST = "bench_proxy.py"
+RESULTS = HERE / "results"
+
+
+def scripts() -> list[Path]:
+    """Every ``bench_*.py``, the proxy benchmark first."""
+    found = sorted(HERE.glob("bench_*.py"))
+    return sorted(found, key=lambda path: path.name != HEADLINE_FIRST)
+
+
+def proxy_headline(since: float) -> str | None:
+    """The headline table of the newest proxy benchmark result written after ``since``."""
+    written = [path for path in RESULTS.glob("proxy-*.json") if path.stat().st_mtime >= since]
+    if not written:
+        return None
+    newest = max(written, key=lambda path: path.stat().st_mtime)
+    try:
+        text = json.loads(newest.read_text()).get("headline_markdown")
+    except (OSError, ValueError):
+        return None
+    return f"{text}\n\n(from {newest.relative_to(HERE.parent)})" if text else None
 
 
 def main() -> int:
     """Run each ``bench_*.py`` with this interpreter; fail if any fails."""
-    failed = 0
-    for script in sorted(HERE.glob("bench_*.py")):
+    started = time.time()
+    failed = []
+    for script in scripts():
         print(f"\n## {script.name}\n", flush=True)
-        failed += subprocess.run([sys.executable, str(script)], check=False).returncode != 0
+        if subprocess.run([sys.executable, str(script)], check=False).returncode != 0:
+            failed.append(script.name)
+    headline = proxy_headline(started)
+    print("\n## Headline\n")
+    print(headline or "(the proxy benchmark wrote no result: see its output above)")
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
     return 1 if failed else 0
 
 
