@@ -359,9 +359,9 @@ def test_the_command_exits_2_on_a_busy_run_even_with_good_figures(tmp_path, caps
     assert run_check(tmp_path, document(), busy, "--max-other-work", "70") == 0
 
 
-def test_the_baseline_is_measured_with_three_times_the_rounds_of_a_check():
+def test_the_baseline_is_measured_with_twice_the_rounds_of_a_check():
     assert check.parse_options([]).rounds == 9
-    assert check.parse_options(["--update"]).rounds == 27
+    assert check.parse_options(["--update"]).rounds == 18
     assert check.parse_options(["--update", "--rounds", "5"]).rounds == 5
     assert check.parse_options([]).tolerance == 0.10
 
