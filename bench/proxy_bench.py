@@ -27,7 +27,11 @@ request the fake parks (``hold``), 10,000 more requests waiting behind it (``max
 10,000, verified full by a probe that gets 429 ``queue_full`` before and after the cells),
 while the load runs on the main group.
 
-Results: Markdown tables on stdout and ``bench/results/proxy-<timestamp>.json``.
+Results: Markdown tables on stdout and ``bench/results/proxy-<timestamp>.json``. The report
+starts with the headline (:func:`headline`): per mode and concurrency, iop-edge's CPU per request
+against the pass-through's, their ratio and the added p50 — CPU per request of two targets in
+the same run is steadier on a shared machine than req/s. ``bench/check.py`` (``make
+bench-check``) holds the line on those figures.
 """
 
 from __future__ import annotations

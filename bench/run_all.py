@@ -34,7 +34,8 @@ def proxy_headline(since: float) -> str | None:
         text = json.loads(newest.read_text()).get("headline_markdown")
     except (OSError, ValueError):
         return None
-    return f"{text}\n\n(from {newest.relative_to(HERE.parent)})" if text else None
+    where = newest.relative_to(HERE.parent) if newest.is_relative_to(HERE.parent) else newest
+    return f"{text}\n\n(from {where})" if text else None
 
 
 def main() -> int:
