@@ -78,6 +78,23 @@ async def ask(
         return 0, f"{text}: {exc!r}"
 
 
+async def keep_asking(
+    session: aiohttp.ClientSession,
+    url: str,
+    name: str,
+    stop: asyncio.Event,
+    outcomes: list[tuple[int, str]],
+    *,
+    stream: bool = False,
+) -> None:
+    """A client loop of app-a: its next request as soon as the last is answered, until
+    ``stop``; every outcome recorded."""
+    i = 0
+    while not stop.is_set():
+        outcomes.append(await ask(session, url, "app-a", f"{name}.{i}", stream=stream))
+        i += 1
+
+
 def with_second_provider(doc: dict[str, Any], fake: FakeOpenAI) -> dict[str, Any]:
     """``doc`` with a second provider, ``up2`` on ``fake``, in the model ``chat``."""
     node = doc["nodes"][0]
@@ -160,14 +177,10 @@ async def test_a_handover_under_load_fails_nothing_and_keeps_capacity_exact(
             outcomes: list[tuple[int, str]] = []
             stop = asyncio.Event()
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=BOUND)) as s:
-
-                async def loop(n: int) -> None:
-                    i = 0
-                    while not stop.is_set():
-                        outcomes.append(await ask(s, url, "app-a", f"loop {n}.{i}"))
-                        i += 1
-
-                loops = [asyncio.create_task(loop(n)) for n in range(16)]
+                loops = [
+                    asyncio.create_task(keep_asking(s, url, f"loop {n}", stop, outcomes))
+                    for n in range(16)
+                ]
                 streams = [
                     asyncio.create_task(ask(s, url, "app-a", f"stream {n}", stream=True))
                     for n in range(8)
@@ -321,14 +334,10 @@ async def test_ten_handovers_in_a_row_under_load_leak_no_descriptor_process_or_s
             outcomes: list[tuple[int, str]] = []
             stop = asyncio.Event()
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=BOUND)) as s:
-
-                async def loop(n: int, stream: bool) -> None:
-                    i = 0
-                    while not stop.is_set():
-                        outcomes.append(await ask(s, url, "app-a", f"{n}.{i}", stream=stream))
-                        i += 1
-
-                loops = [asyncio.create_task(loop(n, stream=n < 2)) for n in range(6)]
+                loops = [
+                    asyncio.create_task(keep_asking(s, url, str(n), stop, outcomes, stream=n < 2))
+                    for n in range(6)
+                ]
                 olds = [first.process.pid]
                 fds: list[list[str]] = []
                 for n in range(10):
