@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from peers import (
     new_principal_token,
     start_edge,
     start_fake,
+    start_passthrough,
 )
 
 RESULTS = BENCH / "results"
@@ -72,34 +74,28 @@ def _short(frame: str) -> str:
     return f"{name} ({module})"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=("plain", "stream"), default="plain")
-    parser.add_argument("-c", "--concurrency", type=int, default=16)
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds sampled")
-    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
-    parser.add_argument("--top", type=int, default=40, help="functions listed")
-    parser.add_argument("--output", type=Path, default=RESULTS)
-    options = parser.parse_args(argv)
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not Path(py_spy).exists():
-        print("py-spy is not installed: .venv/bin/pip install py-spy", file=sys.stderr)
-        return 2
-    options.output.mkdir(parents=True, exist_ok=True)
+def profile(
+    target_name: str, options: argparse.Namespace, py_spy: str, workdir: Path
+) -> tuple[Path, float]:
+    """Sample one target under load; its collapsed stacks and the requests per sampled second."""
     stem = options.output / f"profile-{options.mode}-c{options.concurrency}"
-    with tempfile.TemporaryDirectory(prefix="iop-profile-") as tmp, ProcessSet() as processes:
-        workdir = Path(tmp)
+    if target_name == "passthrough":
+        stem = stem.with_name(stem.name + "-passthrough")
+    with ProcessSet() as processes:
         fake = start_fake(processes, workdir, None)
         token, digest = new_principal_token()
-        config = edge_config(fake.base_url, port=free_port(), token_hash=digest)
-        edge = start_edge(processes, workdir, None, config, token)
-        assert edge.process is not None
-        assert edge.process.popen is not None
+        if target_name == "passthrough":
+            target = start_passthrough(processes, workdir, None, fake.base_url)
+        else:
+            config = edge_config(fake.base_url, port=free_port(), token_hash=digest)
+            target = start_edge(processes, workdir, None, config, token)
+        assert target.process is not None
+        assert target.process.popen is not None
         load = [
             sys.executable,
             str(BENCH / "loadgen.py"),
             "--base-url",
-            edge.base_url,
+            target.base_url,
             "--model",
             MODEL,
             "--token",
@@ -113,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if options.mode == "stream":
             load.append("--stream")
-        loadgen = subprocess.Popen(load, stdout=subprocess.DEVNULL)
+        loadgen = subprocess.Popen(load, stdout=subprocess.PIPE)
         try:
-            pid = str(edge.process.popen.pid)
+            pid = str(target.process.popen.pid)
             common = ["--pid", pid, "--rate", str(options.rate), "--nonblocking"]
             common += ["--duration", str(int(options.duration))]
             for form, suffix in (("raw", "txt"), ("flamegraph", "svg")):
@@ -125,15 +121,77 @@ def main(argv: list[str] | None = None) -> int:
                     capture_output=True,
                 )
         finally:
-            loadgen.wait(timeout=2 * options.duration + 60)
-    inclusive, own = shares(Path(f"{stem}.txt"), options.top)
-    print(f"# {options.mode}, c={options.concurrency}: {stem}.svg\n")
-    print("| inclusive % | function |\n| ---: | --- |")
-    for name, pct in inclusive:
-        print(f"| {pct:.1f} | {name} |")
-    print("\n| self % | function |\n| ---: | --- |")
-    for name, pct in own:
-        print(f"| {pct:.1f} | {name} |")
+            out, _ = loadgen.communicate(timeout=2 * options.duration + 60)
+    return Path(f"{stem}.txt"), float(json.loads(out)["rps"])
+
+
+def per_request(
+    collapsed: Path, options: argparse.Namespace, rps: float
+) -> tuple[float, collections.Counter[str]]:
+    """Sampled µs per request in all, and inclusive µs per request by function: a sample is
+    1/rate s of a thread running, over ``rps × duration`` requests."""
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        total += count
+        for frame in {_short(frame) for frame in stack.split(";")}:
+            inclusive[frame] += count
+    scale = 1e6 / options.rate / max(rps * options.duration, 1e-9)
+    return total * scale, collections.Counter({k: v * scale for k, v in inclusive.items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("plain", "stream"), default="plain")
+    parser.add_argument("-c", "--concurrency", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds sampled")
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--top", type=int, default=40, help="functions listed")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also profile bench/passthrough.py under the same load and list, per function, "
+        "the sampled µs per request in each",
+    )
+    options = parser.parse_args(argv)
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(py_spy).exists():
+        print("py-spy is not installed: .venv/bin/pip install py-spy", file=sys.stderr)
+        return 2
+    options.output.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="iop-profile-") as tmp:
+        collapsed, rps = profile("iop-edge", options, py_spy, Path(tmp))
+        inclusive, own = shares(collapsed, options.top)
+        print(f"# {options.mode}, c={options.concurrency}: {collapsed.with_suffix('.svg')}\n")
+        print("| inclusive % | function |\n| ---: | --- |")
+        for name, pct in inclusive:
+            print(f"| {pct:.1f} | {name} |")
+        print("\n| self % | function |\n| ---: | --- |")
+        for name, pct in own:
+            print(f"| {pct:.1f} | {name} |")
+        if not options.compare:
+            return 0
+        other, other_rps = profile("passthrough", options, py_spy, Path(tmp))
+    edge_total, edge_by = per_request(collapsed, options, rps)
+    pass_total, pass_by = per_request(other, options, other_rps)
+    print(
+        f"\n# sampled µs per request: iop-edge {edge_total:.0f} ({rps:.0f} req/s), "
+        f"pass-through {pass_total:.0f} ({other_rps:.0f} req/s)\n"
+    )
+    print("| iop-edge µs | pass-through µs | difference | function (inclusive) |")
+    print("| ---: | ---: | ---: | --- |")
+    names = set(edge_by) | set(pass_by)
+    ranked = sorted(names, key=lambda n: -abs(edge_by[n] - pass_by[n]))[: options.top]
+    for name in ranked:
+        print(
+            f"| {edge_by[name]:.1f} | {pass_by[name]:.1f} | "
+            f"{edge_by[name] - pass_by[name]:+.1f} | {name} |"
+        )
     return 0
 
 

@@ -366,13 +366,13 @@ class OllamaExecutor:
         )
         if isinstance(opened, UpstreamReply):
             return opened
-        response, deadline = opened
+        response, exchange = opened
         usage = Usage()
         chunks = ChatChunks(call.request_id, call.answer_model)
         lines = _ChatLines(
             self._target, url, usage, chunks, include_usage(call.body), call.request_id
         )
-        return relay_lines(response, self._target, url, deadline, lines, usage, chunks.role())
+        return relay_lines(response, self._target, url, exchange, lines, usage, chunks.role())
 
 
 class _ChatLines:

@@ -146,8 +146,9 @@ class OpenAICompatExecutor:
         )
         if isinstance(opened, UpstreamReply):
             return opened
-        response, deadline = opened
+        response, exchange = opened
         if response.content_type == "application/json":
+            exchange.end()
             response.close()
             raise AdapterError(
                 "upstream_error",
@@ -156,7 +157,7 @@ class OpenAICompatExecutor:
             )
         usage = Usage()
         events = _SseEvents(self._target, url, usage, hide_usage, call.answer_model)
-        return relay_lines(response, self._target, url, deadline, events, usage)
+        return relay_lines(response, self._target, url, exchange, events, usage)
 
 
 class _SseEvents:

@@ -8,7 +8,7 @@
   size caps; :func:`upstream_error` maps the third-party exceptions met on the way to
   :class:`~iop_edge.errors.AdapterError` (the adapters raise it once, ``from exc``).
 - :func:`post_for_body`, :func:`post_for_stream`: one POST, bounded by the call's deadline.
-- :func:`relay_lines`: the one stream relay (batching, the :class:`Watchdog` deadline,
+- :func:`relay_lines`: the one stream relay (batching, the :class:`Exchange`'s deadline,
   failure mapping, release vs close); each adapter gives only a :class:`LineTranslator`.
 
 Statuses: 200 is an answer; 400–599 is the upstream's own error, relayed with its status in
@@ -29,7 +29,7 @@ import email.utils
 import functools
 import time
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -47,6 +47,8 @@ from iop_edge.seams import ProbeResult
 __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_RESPONSE_BYTES",
+    "Deadlines",
+    "Exchange",
     "HttpBackend",
     "HttpTarget",
     "LineTranslator",
@@ -140,6 +142,11 @@ class HttpTarget:
     base_url: str | None
     headers: CIMultiDictProxy[str]
     timeout_ms: int
+    deadlines: Deadlines = field(init=False, repr=False, compare=False)
+    """Bounds each exchange by ``timeout_ms``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "deadlines", Deadlines(self.timeout_ms))
 
     def url(self, path: str) -> str:
         """``base_url`` joined with ``path``, or a clear error when no base_url is configured."""
@@ -165,10 +172,6 @@ class HttpTarget:
         return AdapterError(
             "upstream_error", f"{self.label} at POST {redact_url(url)} failed: {reason}"
         )
-
-    def deadline(self) -> float:
-        """The loop time by which the whole exchange must be over."""
-        return asyncio.get_running_loop().time() + self.timeout_ms / 1000
 
 
 def static_headers(configured: Mapping[str, str] | None) -> CIMultiDictProxy[str]:
@@ -251,31 +254,96 @@ async def read_capped(response: aiohttp.ClientResponse, limit: int = MAX_RESPONS
 MAX_BATCH_BYTES: Final = 16 * 1024
 
 
-class Watchdog:
-    """One timer for a whole streamed exchange. At the deadline it aborts the response, which
-    wakes a reader stalled on the network; any failure seen after that is the timeout's
-    (:attr:`expired`). Cheaper than a timeout around every read: a timer per read was a fifth
-    of a streamed request's CPU."""
+class Exchange:
+    """The one deadline of one upstream exchange, from the POST to the end of the body.
 
-    __slots__ = ("_handle", "expired")
+    At the deadline, an exchange still waiting for the response head has its task cancelled
+    (the cancellation is withdrawn again by :meth:`timed_out`, as :func:`asyncio.timeout`
+    does), and one reading a body has its response aborted, which wakes a reader stalled on
+    the network; any failure seen after that is the timeout's (:attr:`expired`). No timer of
+    its own: its :class:`Deadlines` keeps one for all its exchanges."""
 
-    def __init__(self, response: aiohttp.ClientResponse, deadline: float) -> None:
+    __slots__ = ("_cancelling", "_live", "_task", "deadline", "expired", "response")
+
+    def __init__(
+        self, deadline: float, task: asyncio.Task[Any] | None, live: dict[Exchange, None]
+    ) -> None:
+        self.deadline = deadline
+        self._live = live
         self.expired = False
+        self.response: aiohttp.ClientResponse | None = None
+        self._task = task
+        self._cancelling = task.cancelling() if task is not None else 0
 
-        def fire() -> None:
-            self.expired = True
-            response.close()
+    def expire(self) -> None:
+        """The deadline passed: stop whatever the exchange is waiting for."""
+        self.expired = True
+        if self.response is not None:
+            self.response.close()
+        elif self._task is not None:
+            self._task.cancel()
 
-        self._handle = asyncio.get_running_loop().call_at(deadline, fire)
+    def end(self) -> None:
+        """The exchange is over (finished or failed): forget it; idempotent."""
+        self._live.pop(self, None)
 
-    def cancel(self) -> None:
-        """Disarm (the exchange is over)."""
-        self._handle.cancel()
+    def timed_out(self) -> bool:
+        """Whether the CancelledError the exchange's task caught is the deadline's (and
+        nothing else's); then the cancellation is withdrawn and the caller raises the
+        timeout instead."""
+        if not self.expired or self.response is not None or self._task is None:
+            return False
+        return self._task.uncancel() <= self._cancelling
 
-    def failure(self, target: HttpTarget, url: str, exc: Exception) -> Exception:
-        """The error a relay raises for ``exc``: the timeout's once the deadline has passed,
-        else the mapped one (an AdapterError is itself)."""
-        return upstream_error(target, url, TimeoutError() if self.expired else exc)
+    def failure(self, target: HttpTarget, url: str, exc: BaseException) -> AdapterError:
+        """The error for ``exc``: the timeout's once the deadline has passed, else the mapped
+        one (an AdapterError is itself)."""
+        return upstream_error(
+            target, url, TimeoutError() if self.expired else exc, answered=self.response is not None
+        )
+
+
+class Deadlines:
+    """The exchanges of one executor in flight, with one loop timer for all of them.
+
+    Every exchange gets the same timeout, so they expire in the order they started: an
+    insertion-ordered dict holds them, and the one timer is armed for the oldest. Starting and
+    ending an exchange is a dict insert and delete; the timer fires about once per timeout
+    while exchanges keep coming, not once per exchange (a timer per exchange was about 3 % of
+    a request's CPU)."""
+
+    __slots__ = ("_armed", "_live", "seconds")
+
+    def __init__(self, timeout_ms: int) -> None:
+        self.seconds = timeout_ms / 1000
+        self._live: dict[Exchange, None] = {}
+        self._armed = False
+
+    def start(self) -> Exchange:
+        """A new exchange of the current task, due ``seconds`` from now."""
+        loop = asyncio.get_running_loop()
+        live = self._live
+        exchange = Exchange(loop.time() + self.seconds, asyncio.current_task(), live)
+        live[exchange] = None
+        if not self._armed:
+            self._armed = True
+            loop.call_at(exchange.deadline, self._fire, loop)
+        return exchange
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        live = self._live
+        while live:
+            oldest = next(iter(live))
+            if oldest.deadline > now:
+                loop.call_at(oldest.deadline, self._fire, loop)
+                return
+            del live[oldest]
+            oldest.expire()
+        self._armed = False
 
 
 async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamReply:
@@ -399,36 +467,40 @@ async def post_for_body(
 ) -> bytes | UpstreamReply:
     """POST ``payload`` and read the whole body of a 200; an upstream error status (400–599)
     comes back as an :class:`UpstreamReply` in the OpenAI envelope. Failures — any other
-    status included — raise the mapped AdapterError.
+    status included — raise the mapped AdapterError. One :class:`Exchange` bounds it all.
 
     Whatever happens the response is let go: a body read to the end goes back to the pool,
     anything else (a cancelled caller, a timeout) aborts the connection, so the upstream sees
     the client leave at once.
     """
-    response: aiohttp.ClientResponse | None = None
+    exchange = target.deadlines.start()
     finished = False
     try:
-        async with asyncio.timeout_at(target.deadline()):
-            response = await backend.session().post(
-                parsed_url(url),
-                data=payload,
-                headers=target.request_headers(extra, request_id),
-                allow_redirects=False,
-            )
-            if response.status != 200:
-                reply = await not_an_answer(target, url, response)
-                finished = True
-                return reply
-            raw = await read_capped(response)
+        response = exchange.response = await backend.session().post(
+            parsed_url(url),
+            data=payload,
+            headers=target.request_headers(extra, request_id),
+            allow_redirects=False,
+        )
+        if response.status != 200:
+            reply = await not_an_answer(target, url, response)
+            finished = True
+            return reply
+        raw = await read_capped(response)
         finished = True
         return raw
     except AdapterError:
         raise
+    except asyncio.CancelledError:
+        if exchange.timed_out():
+            raise exchange.failure(target, url, TimeoutError()) from None
+        raise
     except Exception as exc:
-        raise upstream_error(target, url, exc, answered=response is not None) from exc
+        raise exchange.failure(target, url, exc) from exc
     finally:
-        if response is not None:
-            (response.release if finished else response.close)()
+        exchange.end()
+        if exchange.response is not None:
+            (exchange.response.release if finished else exchange.response.close)()
 
 
 async def post_for_stream(
@@ -438,31 +510,34 @@ async def post_for_stream(
     payload: bytes,
     extra: Mapping[str, str],
     request_id: str = "",
-) -> tuple[aiohttp.ClientResponse, float] | UpstreamReply:
-    """POST ``payload`` for a streamed answer: the open 200 response (the caller reads and closes
-    it) with the call's deadline, or the upstream's error status (400–599) as an
-    :class:`UpstreamReply`; any other status raises ``upstream_error``."""
-    deadline = target.deadline()
-    response: aiohttp.ClientResponse | None = None
+) -> tuple[aiohttp.ClientResponse, Exchange] | UpstreamReply:
+    """POST ``payload`` for a streamed answer: the open 200 response (the caller reads it
+    through :func:`relay_lines`, which ends the exchange) with its :class:`Exchange`, or the
+    upstream's error status (400–599) as an :class:`UpstreamReply`; any other status raises
+    ``upstream_error``."""
+    exchange = target.deadlines.start()
     try:
-        async with asyncio.timeout_at(deadline):
-            response = await backend.session().post(
-                parsed_url(url),
-                data=payload,
-                headers=target.request_headers(extra, request_id),
-                allow_redirects=False,
-            )
-            if response.status != 200:
-                reply = await not_an_answer(target, url, response)
-                response.release()
-                return reply
+        response = exchange.response = await backend.session().post(
+            parsed_url(url),
+            data=payload,
+            headers=target.request_headers(extra, request_id),
+            allow_redirects=False,
+        )
+        if response.status != 200:
+            reply = await not_an_answer(target, url, response)
+            response.release()
+            exchange.end()
+            return reply
     except BaseException as exc:
-        if response is not None:
-            response.close()
+        exchange.end()
+        if exchange.response is not None:
+            exchange.response.close()
+        if isinstance(exc, asyncio.CancelledError) and exchange.timed_out():
+            raise exchange.failure(target, url, TimeoutError()) from None
         if isinstance(exc, Exception) and not isinstance(exc, AdapterError):
-            raise upstream_error(target, url, exc, answered=response is not None) from exc
+            raise exchange.failure(target, url, exc) from exc
         raise
-    return response, deadline
+    return response, exchange
 
 
 class LineTranslator(Protocol):
@@ -489,7 +564,7 @@ def relay_lines(
     response: aiohttp.ClientResponse,
     target: HttpTarget,
     url: str,
-    deadline: float,
+    exchange: Exchange,
     translator: LineTranslator,
     usage: Usage,
     first: bytes = b"",
@@ -497,9 +572,10 @@ def relay_lines(
     """Relay the 200 ``response`` of a streamed POST through ``translator`` as an
     :class:`UpstreamStream` whose frames start with ``first``; ``usage`` is the object the
     translator fills. See :func:`_relay` for the rules."""
-    frames = _relay(response, target, url, deadline, translator, first)
+    frames = _relay(response, target, url, exchange, translator, first)
 
     async def close() -> None:
+        exchange.end()
         response.close()
         # Runs the generator's cleanup if it is suspended; one running in another task fails
         # on its own now that the connection is closed.
@@ -513,7 +589,7 @@ async def _relay(
     response: aiohttp.ClientResponse,
     target: HttpTarget,
     url: str,
-    deadline: float,
+    exchange: Exchange,
     translator: LineTranslator,
     first: bytes,
 ) -> AsyncGenerator[bytes, None]:
@@ -523,7 +599,8 @@ async def _relay(
       next read; one line is capped at :data:`MAX_FRAME_BYTES`), and the frames translated from
       them are yielded as one write, cut at :data:`MAX_BATCH_BYTES` (a write per event was most
       of a streamed request's CPU, and an ``await`` per line a tenth of it).
-    - One :class:`Watchdog` bounds the whole exchange by ``deadline``.
+    - ``exchange`` (from :func:`post_for_stream`) bounds it all by its one deadline, and ends
+      with it.
     - A failure yields what was translated before it (it is still the client's), then raises
       the mapped :class:`~iop_edge.errors.AdapterError` (the timeout's once the deadline has
       passed); an end before :attr:`LineTranslator.done` is such a failure.
@@ -534,7 +611,6 @@ async def _relay(
     content = response.content
     partial = b""  # the start of a line whose end has not arrived
     translate = translator.translate
-    watchdog = Watchdog(response, deadline)
     try:
         while True:
             if ready:
@@ -574,10 +650,10 @@ async def _relay(
     except Exception as exc:
         if ready:
             yield b"".join(ready)
-        failure = watchdog.failure(target, url, exc)
+        failure = exchange.failure(target, url, exc)
         if failure is exc:
             raise
         raise failure from exc
     finally:
-        watchdog.cancel()
+        exchange.end()
         (response.release if translator.done else response.close)()

@@ -1,0 +1,171 @@
+"""One deadline per upstream exchange (issue 16): :class:`Deadlines` and :class:`Exchange`
+through the real POST helpers, against the fake OpenAI server on 127.0.0.1.
+
+Timing assertions are lower bounds only (an exchange never fails before its own deadline), so
+a slow machine cannot make them fail; what is waited for is awaited on events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+
+from iop_edge.adapters.base import UpstreamReply, Usage
+from iop_edge.adapters.upstream_http import (
+    HttpBackend,
+    HttpTarget,
+    post_for_body,
+    post_for_stream,
+    relay_lines,
+    static_headers,
+)
+from iop_edge.errors import AdapterError
+from iop_edge.testing.fake_behavior import FakeBehavior
+from iop_edge.testing.fake_openai import FakeOpenAI
+
+TIMEOUT_MS = 300
+BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+STREAM_BODY = orjson.dumps(
+    {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[HttpBackend]:
+    backend = HttpBackend("api")
+    yield backend
+    await backend.aclose()
+
+
+def target_of(fake: FakeOpenAI) -> HttpTarget:
+    return HttpTarget(
+        "openai_compat provider 'p1'", fake.base_url, static_headers(None), TIMEOUT_MS
+    )
+
+
+class Lines:
+    """A pass-through LineTranslator that ends at ``data: [DONE]``."""
+
+    unfinished = "the stream ended before data: [DONE]"
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def translate(self, line: bytes) -> bytes:
+        if line.startswith(b"data: [DONE]"):
+            self.done = True
+        return line + b"\n" if line else b""
+
+
+async def test_a_body_stalled_after_the_head_times_out_at_the_exchange_deadline(
+    fake: FakeOpenAI, backend: HttpBackend
+) -> None:
+    target = target_of(fake)
+    url = target.url("chat/completions")
+    fake.enqueue(FakeBehavior(fault="stall", fault_after=1))
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(AdapterError) as caught:
+        await post_for_body(backend, target, url, BODY, {})
+    assert asyncio.get_running_loop().time() >= started + TIMEOUT_MS / 1000
+    assert (caught.value.code, caught.value.status) == ("upstream_timeout", 504)
+    assert caught.value.failover is False  # the head had come: nothing fails over
+    assert f"request_timeout_ms={TIMEOUT_MS}" in str(caught.value)
+    assert len(target.deadlines) == 0
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.cancelled == 1 and fake.in_flight == 0)
+
+
+async def test_a_head_that_never_comes_times_out_and_may_fail_over(
+    fake: FakeOpenAI, backend: HttpBackend
+) -> None:
+    target = target_of(fake)
+    url = target.url("chat/completions")
+    fake.behavior = FakeBehavior(hold=True)
+    for attempt in (
+        post_for_body(backend, target, url, BODY, {}),
+        post_for_stream(backend, target, url, STREAM_BODY, {}),
+    ):
+        with pytest.raises(AdapterError) as caught:
+            await attempt
+        assert (caught.value.code, caught.value.failover) == ("upstream_timeout", True)
+    # the task that timed out was not left cancelled: it goes on awaiting
+    await asyncio.sleep(0)
+    assert asyncio.current_task() is not None
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    assert len(target.deadlines) == 0
+
+
+async def test_each_exchange_gets_its_own_deadline_on_the_shared_timer(
+    fake: FakeOpenAI, backend: HttpBackend
+) -> None:
+    """The timer is armed for the oldest exchange; when that one finishes in time, the next one
+    still gets its full time, and fails at (never before) its own deadline."""
+    target = target_of(fake)
+    url = target.url("chat/completions")
+    loop = asyncio.get_running_loop()
+    fake.enqueue(FakeBehavior(hold=True), FakeBehavior(fault="stall", fault_after=1))
+    first = asyncio.create_task(post_for_body(backend, target, url, BODY, {}))
+    async with asyncio.timeout(5):
+        await fake.wait_in_flight(1)
+    second_started = loop.time()
+    second = asyncio.create_task(post_for_body(backend, target, url, BODY, {}))
+    async with asyncio.timeout(5):
+        await fake.wait_in_flight(2)
+    assert len(target.deadlines) == 2
+    fake.release()  # the first answers in time
+    answer = await first
+    assert isinstance(answer, bytes)
+    assert b"choices" in answer
+    with pytest.raises(AdapterError) as caught:
+        async with asyncio.timeout(5):  # (a timer not re-armed would leave it waiting)
+            await second
+    assert caught.value.code == "upstream_timeout"
+    assert loop.time() >= second_started + TIMEOUT_MS / 1000
+    assert len(target.deadlines) == 0
+
+
+async def test_an_outside_cancellation_stays_a_cancellation(
+    fake: FakeOpenAI, backend: HttpBackend
+) -> None:
+    target = target_of(fake)
+    fake.behavior = FakeBehavior(hold=True)
+    task = asyncio.create_task(
+        post_for_body(backend, target, target.url("chat/completions"), BODY, {})
+    )
+    async with asyncio.timeout(5):
+        await fake.wait_in_flight(1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(target.deadlines) == 0
+
+
+async def test_every_way_an_exchange_ends_forgets_it(
+    fake: FakeOpenAI, backend: HttpBackend
+) -> None:
+    target = target_of(fake)
+    url = target.url("chat/completions")
+    # an answer, an error status, a stream read to its end, a stream closed unread
+    assert isinstance(await post_for_body(backend, target, url, BODY, {}), bytes)
+    fake.enqueue(FakeBehavior(status=503))
+    assert isinstance(await post_for_body(backend, target, url, BODY, {}), UpstreamReply)
+    for read in (True, False):
+        opened = await post_for_stream(backend, target, url, STREAM_BODY, {})
+        assert not isinstance(opened, UpstreamReply)
+        response, exchange = opened
+        assert len(target.deadlines) == 1
+        stream = relay_lines(response, target, url, exchange, Lines(), Usage())
+        async with stream:
+            if read:
+                relayed = b"".join([frame async for frame in stream.frames])
+                assert relayed.endswith(b"data: [DONE]\n")
+        assert len(target.deadlines) == 0
