@@ -545,6 +545,11 @@ class LineTranslator(Protocol):
 
     :func:`relay_lines` owns everything else — batching, the deadline, failure mapping, and
     releasing or closing the connection — so an adapter gives only this.
+
+    A translator may also have ``translate_read(read: bytes, frames: list[bytes]) -> None``,
+    which appends the frames of a network read's whole lines (``read`` ends in ``\\n``) at
+    once, stopping at the line that sets :attr:`done` (the SSE translator relays runs of
+    ordinary events that way); a read is then one write, however large.
     """
 
     done: bool
@@ -611,6 +616,7 @@ async def _relay(
     content = response.content
     partial = b""  # the start of a line whose end has not arrived
     translate = translator.translate
+    translate_read = getattr(translator, "translate_read", None)
     try:
         while True:
             if ready:
@@ -629,12 +635,23 @@ async def _relay(
                 raise target.broken(url, translator.unfinished)
             if partial:
                 chunk = partial + chunk
-            lines = chunk.split(b"\n")
-            partial = lines.pop()
+            end = chunk.rfind(b"\n") + 1
+            partial = chunk[end:]
             if len(partial) > MAX_FRAME_BYTES:
                 raise ResponseTooLarge(
                     f"a line of the stream exceeds the {MAX_FRAME_BYTES}-byte limit"
                 )
+            if not end:
+                continue
+            whole = chunk[:end]
+            if translate_read is not None:
+                translate_read(whole, ready)
+                if translator.done:
+                    yield b"".join(ready)
+                    return
+                continue
+            lines = whole.split(b"\n")
+            lines.pop()  # (the empty rest after the last newline)
             for line in lines:
                 frame = translate(line)
                 if frame:

@@ -648,3 +648,110 @@ async def test_a_broken_event_after_normal_ones_is_still_an_upstream_error(
     assert len(frames) == 2  # the normal events reach the client first
     assert isinstance(error, AdapterError)
     assert error.code == "upstream_error"
+
+
+def paced(groups: list[list[bytes]], sent: list[asyncio.Event]) -> Callable[[web.Request], Any]:
+    """An upstream that writes each group of SSE ``data:`` payloads in one write and waits for
+    the test to set the group's event (it has read what came) before the next; ``[DONE]`` is
+    the last group's own write. Runs of ordinary events then reach the edge as whole reads."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for group, read in zip(groups, sent, strict=True):
+            await response.write(b"".join(b"data: " + event + b"\n\n" for event in group))
+            await read.wait()
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    return stream
+
+
+CHUNK = b'{"id":"c","model":"up","choices":[{"index":0,"delta":{"content":"%s"}}],"usage":null}'
+
+
+async def read_paced(
+    sets: SetFactory, groups: list[list[bytes]]
+) -> tuple[list[bytes], AdapterError | None, UpstreamStream]:
+    """The frames relayed for ``groups`` (read group by group: the next is written once the
+    frames of this one came; a usage-only event is hidden, so it has none), and the error that
+    ended them."""
+    sent = [asyncio.Event() for _ in groups]
+    frames: list[bytes] = []
+    expected = 0
+    async with serve("/v1/chat/completions", paced(groups, sent)) as origin:
+        executor = provider_set(sets, f"{origin}/v1").for_provider("p1")
+        stream = await executor.open_stream(chat(stream=True, model="g"))
+        assert isinstance(stream, UpstreamStream)
+        async with asyncio.timeout(10), stream:
+            try:
+                for group, read in zip(groups, sent, strict=True):
+                    expected += sum(1 for event in group if b'"usage":{' not in event)
+                    while len(frames) < expected:
+                        frames.extend(split_frames(await anext(stream.frames)))
+                    read.set()
+                frames.extend(split_frames(b"".join([piece async for piece in stream.frames])))
+            except AdapterError as exc:
+                return frames, exc, stream
+    return frames, None, stream
+
+
+async def test_whole_reads_of_ordinary_events_keep_the_rules_of_each_event(
+    sets: SetFactory,
+) -> None:
+    """A network read of events like the first is relayed as a block (model replaced, our
+    ``"usage":null`` hidden, in one pass); a read holding anything else — an event naming
+    another model, the usage — goes event by event, so the model and the usage stay exact."""
+    groups = [
+        [CHUNK % b"a"],
+        [CHUNK % b"b", CHUNK % b"c", CHUNK % b"d"],
+        [CHUNK % b"e", b'{"id":"c","model":"other","choices":[{"delta":{"content":"f"}}]}'],
+        [
+            CHUNK % b"g",
+            b'{"id":"c","model":"up","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":4}}',
+        ],
+    ]
+    frames, error, stream = await read_paced(sets, groups)
+    assert error is None
+    chunks = payloads(frames)
+    assert chunks[-1] == "[DONE]"
+    assert [content_of([c]) for c in chunks[:-1]] == list("abcdefg")
+    assert {c["model"] for c in chunks[:-1]} == {"g"}
+    assert all("usage" not in c for c in chunks[:-1])  # the client did not ask for it
+    assert (
+        frames[1]
+        == b"data: "
+        + (CHUNK % b"b").replace(b',"usage":null', b"").replace(b'"model":"up"', b'"model":"g"')
+        + b"\n\n"
+    )
+    assert (stream.usage.prompt_tokens, stream.usage.completion_tokens) == (7, 4)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"error":{"message":"overloaded"}}',
+        b'{"id":"c","model":"up","choices":[],"error":{"message":"overloaded"}}',
+        b'{"id":"c","model":"up","choices":[{"delta":',  # cut short: not framed as an object
+    ],
+)
+async def test_an_error_inside_a_read_of_ordinary_events_is_seen(
+    sets: SetFactory, bad: bytes
+) -> None:
+    groups = [[CHUNK % b"a"], [CHUNK % b"b", bad, CHUNK % b"c"]]
+    frames, error, _ = await read_paced(sets, groups)
+    assert isinstance(error, AdapterError)
+    assert error.code == "upstream_error"
+    assert [content_of([c]) for c in payloads(frames)] == ["a", "b"]  # what came before it
+
+
+async def test_a_usage_spelt_otherwise_inside_a_run_is_still_read(sets: SetFactory) -> None:
+    spaced = (
+        b'{"id":"c","model":"up","choices":[{"index":0,"delta":{"content":"x"}}],'
+        b'"usage": {"prompt_tokens":3,"completion_tokens":2}}'
+    )
+    groups = [[CHUNK % b"a"], [CHUNK % b"b", spaced, CHUNK % b"c"]]
+    frames, error, stream = await read_paced(sets, groups)
+    assert error is None
+    assert [content_of([c]) for c in payloads(frames)[:-1]] == ["a", "b", "x", "c"]
+    assert (stream.usage.prompt_tokens, stream.usage.completion_tokens) == (3, 2)
