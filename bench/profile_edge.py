@@ -9,12 +9,18 @@ flame graph (``.svg``), both in ``bench/results/``. Prints the functions with th
 the samples — inclusive (anything under them) and self (in them) — so a profile can be read
 without a browser.
 
+``--compare`` then profiles ``bench/passthrough.py`` the same way
+(``profile-<mode>-c<N>-passthrough.*``) and prints, per function, the sampled µs per request in
+each (a sample is 1/rate s of a running thread), and iop-edge's µs per request under its own
+functions, by the innermost one: where its extra CPU goes.
+
 py-spy is not a project dependency: ``.venv/bin/pip install py-spy`` first. It needs ptrace
 (root, or ``kernel.yama.ptrace_scope`` 0).
 
 Usage::
 
     .venv/bin/python bench/profile_edge.py --mode stream -c 16 --duration 15
+    .venv/bin/python bench/profile_edge.py --mode plain -c 16 --duration 10 --compare
 """
 
 from __future__ import annotations
@@ -144,6 +150,33 @@ def per_request(
     return total * scale, collections.Counter({k: v * scale for k, v in inclusive.items()})
 
 
+def own_work(
+    collapsed: Path, options: argparse.Namespace, rps: float
+) -> tuple[float, collections.Counter[str]]:
+    """Sampled µs per request under iop-edge's own functions, by the innermost one of each
+    sample (and the library function it was in, if any): where the CPU that the pass-through
+    does not spend goes, together with the aiohttp client and server work both do."""
+    by_caller: collections.Counter[str] = collections.Counter()
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        frames = stack.split(";")
+        ours = [
+            i for i, frame in enumerate(frames) if "iop_edge/" in frame and "cli.py" not in frame
+        ]
+        if not ours:
+            continue
+        inner = ours[-1]
+        key = _short(frames[inner]).split(" (")[0]
+        if inner + 1 < len(frames):
+            key += " → " + _short(frames[inner + 1])
+        by_caller[key] += int(count_text)
+    scale = 1e6 / options.rate / max(rps * options.duration, 1e-9)
+    counted = collections.Counter({k: v * scale for k, v in by_caller.items()})
+    return sum(counted.values()), counted
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("plain", "stream"), default="plain")
@@ -192,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
             f"| {edge_by[name]:.1f} | {pass_by[name]:.1f} | "
             f"{edge_by[name] - pass_by[name]:+.1f} | {name} |"
         )
+    total, by_caller = own_work(collapsed, options, rps)
+    print(f"\n# iop-edge: {total:.0f} µs per request under its own functions, by innermost\n")
+    print("| µs/req | function (→ the library function it was in) |\n| ---: | --- |")
+    for name, micros in by_caller.most_common(options.top):
+        print(f"| {micros:.1f} | {name} |")
     return 0
 
 
