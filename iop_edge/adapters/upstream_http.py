@@ -317,7 +317,9 @@ class Deadlines:
     def __init__(self, timeout_ms: int) -> None:
         self.seconds = timeout_ms / 1000
         self._live: dict[Exchange, None] = {}
-        self._armed = False
+        #: the loop whose timer is armed (None: none is); a loop that closed with the timer
+        #: armed (a test's) does not keep a later loop's exchanges from expiring
+        self._armed: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> Exchange:
         """A new exchange of the current task, due ``seconds`` from now."""
@@ -325,8 +327,8 @@ class Deadlines:
         live = self._live
         exchange = Exchange(loop.time() + self.seconds, asyncio.current_task(), live)
         live[exchange] = None
-        if not self._armed:
-            self._armed = True
+        if self._armed is not loop:
+            self._armed = loop
             loop.call_at(exchange.deadline, self._fire, loop)
         return exchange
 
@@ -343,7 +345,7 @@ class Deadlines:
                 return
             del live[oldest]
             oldest.expire()
-        self._armed = False
+        self._armed = None
 
 
 async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamReply:

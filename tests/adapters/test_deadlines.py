@@ -15,6 +15,7 @@ import pytest
 
 from iop_edge.adapters.base import UpstreamReply, Usage
 from iop_edge.adapters.upstream_http import (
+    Deadlines,
     HttpBackend,
     HttpTarget,
     post_for_body,
@@ -169,3 +170,21 @@ async def test_every_way_an_exchange_ends_forgets_it(
                 relayed = b"".join([frame async for frame in stream.frames])
                 assert relayed.endswith(b"data: [DONE]\n")
         assert len(target.deadlines) == 0
+
+
+def test_a_loop_closed_with_the_timer_armed_does_not_stop_the_next_loops_deadlines() -> None:
+    deadlines = Deadlines(50)
+
+    async def first() -> None:
+        deadlines.start().end()  # the timer stays armed on this loop, which then closes
+
+    async def second() -> None:
+        exchange = deadlines.start()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.get_running_loop().create_future()  # only the deadline ends this
+        assert exchange.expired
+        assert exchange.timed_out()  # the cancellation was the deadline's, and is withdrawn
+        assert len(deadlines) == 0
+
+    asyncio.run(first())
+    asyncio.run(asyncio.wait_for(second(), timeout=10))
