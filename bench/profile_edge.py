@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,18 +52,22 @@ from peers import (
 RESULTS = BENCH / "results"
 
 
+def samples(collapsed: Path) -> Iterator[tuple[list[str], int]]:
+    """Each stack of a collapsed (``raw``) py-spy file, outermost frame first, and its count."""
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if stack:
+            yield stack.split(";"), int(count_text)
+
+
 def shares(collapsed: Path, top: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """The ``top`` functions by inclusive and by self share of the samples."""
     inclusive: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in collapsed.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack:
-            continue
-        count = int(count_text)
+    for stack, count in samples(collapsed):
         total += count
-        frames = [_short(frame) for frame in stack.split(";")]
+        frames = [_short(frame) for frame in stack]
         for frame in set(frames):
             inclusive[frame] += count
         own[frames[-1]] += count
@@ -131,6 +136,12 @@ def profile(
     return Path(f"{stem}.txt"), float(json.loads(out)["rps"])
 
 
+def micros_per_sample(options: argparse.Namespace, rps: float) -> float:
+    """µs per request that one sample stands for: 1/rate s over ``rps × duration`` requests."""
+    rate, duration = float(options.rate), float(options.duration)
+    return 1e6 / rate / max(rps * duration, 1e-9)
+
+
 def per_request(
     collapsed: Path, options: argparse.Namespace, rps: float
 ) -> tuple[float, collections.Counter[str]]:
@@ -138,15 +149,11 @@ def per_request(
     1/rate s of a thread running, over ``rps × duration`` requests."""
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in collapsed.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack:
-            continue
-        count = int(count_text)
+    for stack, count in samples(collapsed):
         total += count
-        for frame in {_short(frame) for frame in stack.split(";")}:
+        for frame in {_short(frame) for frame in stack}:
             inclusive[frame] += count
-    scale = 1e6 / options.rate / max(rps * options.duration, 1e-9)
+    scale = micros_per_sample(options, rps)
     return total * scale, collections.Counter({k: v * scale for k, v in inclusive.items()})
 
 
@@ -157,11 +164,7 @@ def own_work(
     sample (and the library function it was in, if any): where the CPU that the pass-through
     does not spend goes, together with the aiohttp client and server work both do."""
     by_caller: collections.Counter[str] = collections.Counter()
-    for line in collapsed.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack:
-            continue
-        frames = stack.split(";")
+    for frames, count in samples(collapsed):
         ours = [
             i for i, frame in enumerate(frames) if "iop_edge/" in frame and "cli.py" not in frame
         ]
@@ -171,8 +174,8 @@ def own_work(
         key = _short(frames[inner]).split(" (")[0]
         if inner + 1 < len(frames):
             key += " → " + _short(frames[inner + 1])
-        by_caller[key] += int(count_text)
-    scale = 1e6 / options.rate / max(rps * options.duration, 1e-9)
+        by_caller[key] += count
+    scale = micros_per_sample(options, rps)
     counted = collections.Counter({k: v * scale for k, v in by_caller.items()})
     return sum(counted.values()), counted
 

@@ -459,6 +459,24 @@ async def probe(
     return False, f"{where} answered HTTP {status}"
 
 
+def _send(
+    backend: HttpBackend,
+    target: HttpTarget,
+    url: str,
+    payload: bytes,
+    extra: Mapping[str, str],
+    request_id: str,
+) -> Any:
+    """The POST of an exchange, to be awaited for the response head (a plain call, not a
+    coroutine: no frame of its own on the request path)."""
+    return backend.session().post(
+        parsed_url(url),
+        data=payload,
+        headers=target.request_headers(extra, request_id),
+        allow_redirects=False,
+    )
+
+
 async def post_for_body(
     backend: HttpBackend,
     target: HttpTarget,
@@ -478,12 +496,7 @@ async def post_for_body(
     exchange = target.deadlines.start()
     finished = False
     try:
-        response = exchange.response = await backend.session().post(
-            parsed_url(url),
-            data=payload,
-            headers=target.request_headers(extra, request_id),
-            allow_redirects=False,
-        )
+        response = exchange.response = await _send(backend, target, url, payload, extra, request_id)
         if response.status != 200:
             reply = await not_an_answer(target, url, response)
             finished = True
@@ -519,12 +532,7 @@ async def post_for_stream(
     ``upstream_error``."""
     exchange = target.deadlines.start()
     try:
-        response = exchange.response = await backend.session().post(
-            parsed_url(url),
-            data=payload,
-            headers=target.request_headers(extra, request_id),
-            allow_redirects=False,
-        )
+        response = exchange.response = await _send(backend, target, url, payload, extra, request_id)
         if response.status != 200:
             reply = await not_an_answer(target, url, response)
             response.release()
