@@ -224,9 +224,10 @@ def _vector(values: object, base64_wanted: bool) -> object:
     return values
 
 
-def embeddings_body(answer: object, call: UpstreamCall, usage: Usage, base64_wanted: bool) -> bytes:
-    """Ollama's ``/api/embed`` answer as an OpenAI embeddings list (raises ValueError when
-    it is not one)."""
+def embeddings_body(answer: object, call: UpstreamCall, usage: Usage) -> bytes:
+    """Ollama's ``/api/embed`` answer as an OpenAI embeddings list, each vector base64 when
+    the call's ``encoding_format`` asks for it (raises ValueError when it is not one)."""
+    base64_wanted = call.body.get("encoding_format") == "base64"
     vectors = answer.get("embeddings") if isinstance(answer, dict) else None
     if not isinstance(vectors, list):
         raise ValueError('the answer has no "embeddings" array')
@@ -349,9 +350,7 @@ class OllamaExecutor:
             return got
         usage = Usage()
         try:
-            body = embeddings_body(
-                orjson.loads(got), call, usage, call.body.get("encoding_format") == "base64"
-            )
+            body = embeddings_body(orjson.loads(got), call, usage)
         except ValueError as exc:  # (orjson's decode error is one)
             raise self._target.broken(url, str(exc)) from exc
         return UpstreamReply(200, body, usage)

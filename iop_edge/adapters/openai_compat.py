@@ -185,7 +185,6 @@ class _SseEvents:
         "_hide_usage",
         "_model",
         "_model_value",
-        "_renamed",
         "_target",
         "_url",
         "_usage",
@@ -203,10 +202,9 @@ class _SseEvents:
         self._hide_usage = hide_usage
         self._data: list[bytes] = []
         self.done = False
-        #: the answer's model, its JSON value, and (upstream value, its compact pair) last seen
+        #: the answer's model and its compact JSON pair
         self._model = model
         self._model_value = _MODEL_KEY + orjson.dumps(model)
-        self._renamed: tuple[object, bytes] = (model, self._model_value)
         #: how the upstream names its model in an event (its compact pair, or b"" for not at
         #: all), learnt from the first event parsed; None until then
         self._fast: bytes | None = None
@@ -346,21 +344,6 @@ class _SseEvents:
             self._fast = b""
         elif isinstance(current, str):
             self._fast = _MODEL_KEY + orjson.dumps(current)
-        if current != self._model and current is not None:
-            event = self._rename(event, chunk, current)
+        if current is not None:
+            event = with_model(event, chunk, self._model)
         return b"data: " + event + b"\n\n"
-
-    def _rename(self, event: bytes, chunk: dict[str, Any], current: object) -> bytes:
-        """The event with the client's model: the upstream's compact ``"model":"<name>"``
-        replaced when it occurs once (its needle is kept for the next events: an upstream
-        names its model the same way in every chunk), else re-encoded."""
-        seen, needle = self._renamed
-        if current != seen and isinstance(current, str):
-            needle = _MODEL_KEY + orjson.dumps(current)
-            self._renamed = (current, needle)
-        if isinstance(current, str):
-            at = event.find(needle)
-            if at >= 0 and event.find(needle, at + 1) < 0:
-                return event[:at] + self._model_value + event[at + len(needle) :]
-        chunk["model"] = self._model
-        return dumps(chunk)

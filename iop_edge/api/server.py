@@ -246,11 +246,7 @@ class OpenAIServer:
             )
         record.error = message
         record.duration = self.clock.now() - record.started
-        self.write_request_line(
-            {"endpoint": None, "method": method[:16], "path": shown, **record.log_fields()}
-        )
-        for observe in self.observers:
-            observe(record)
+        self._finish(record, endpoint=None, method=method[:16], path=shown)
         return web.Response(
             body=envelope(message, record.code, status=record.status),
             status=record.status,
@@ -659,8 +655,10 @@ class OpenAIServer:
             guard.reset()
         return response
 
-    def _finish(self, record: RequestRecord) -> None:
-        self.write_request_line({"endpoint": record.endpoint, **record.log_fields()})
+    def _finish(self, record: RequestRecord, **shown: object) -> None:
+        """Log the request's line (``shown``: fields of its own, after ``endpoint``) and tell
+        every observer (the metrics)."""
+        self.write_request_line({"endpoint": record.endpoint, **shown, **record.log_fields()})
         for observe in self.observers:
             observe(record)
 
