@@ -9,6 +9,11 @@ in an ``exception`` field, the console rendering below the line. What libraries 
 the stdlib :mod:`logging` module (asyncio's "socket.accept() out of system resource", aiohttp's
 "Error handling request") is routed into the same structured log at warning level and above,
 at most one line per message every :data:`LIBRARY_LOG_INTERVAL` seconds (:class:`StdlibBridge`).
+
+The console rendering writes text values as they are, so :func:`escape_controls` first turns
+every control character in them (C0, DEL, C1) into a ``\\x1b``-style escape: a request path or
+a header a client chose cannot move the cursor, recolour or erase an operator's terminal, or
+forge a line. The JSON rendering escapes them itself (``\\u001b``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,33 @@ _LEVELS: Final = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+
+
+#: Every control character (C0, DEL, C1) and its escape as Python writes it (``\\x1b``).
+_CONTROL_ESCAPES: Final = {
+    code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))
+}
+#: The same, except line feed and tab, for a traceback's text (it spans lines).
+_TRACEBACK_ESCAPES: Final = {
+    code: escape for code, escape in _CONTROL_ESCAPES.items() if code not in (0x09, 0x0A)
+}
+
+
+def escape_controls(
+    logger: Any, method: str, event_dict: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """A structlog processor for the console rendering: every control character in a text
+    value (the event, a path, a method, a header-derived field) becomes a ``\\x1b``-style
+    escape, so a client's bytes reach the terminal as text. A traceback (``exception``) keeps
+    its line feeds and tabs. Containers need nothing: the renderer shows them with ``repr``,
+    which escapes their strings already."""
+    for key, value in event_dict.items():
+        # isprintable() is False for every control character (and a few harmless others):
+        # the usual value costs that one scan.
+        if isinstance(value, str) and not value.isprintable():
+            table = _TRACEBACK_ESCAPES if key == "exception" else _CONTROL_ESCAPES
+            event_dict[key] = value.translate(table)
+    return event_dict
 
 
 def _orjson_dumps(event: Any, **_: Any) -> str:
@@ -173,8 +205,12 @@ def configure_logging(
     writer = _writer = LineWriter(stream or sys.stderr)
     renderers: list[structlog.typing.Processor]
     if fmt == "console":
-        # The console renderer prints an event's exc_info as a traceback below the line.
+        # The console renderer prints an event's traceback below the line; it is made text
+        # first (format_exc_info) so that escape_controls sees it: an exception's message
+        # may quote a client's bytes too.
         renderers = [
+            structlog.processors.format_exc_info,
+            escape_controls,
             structlog.dev.ConsoleRenderer(
                 colors=False, exception_formatter=structlog.dev.plain_traceback
             )

@@ -1,5 +1,6 @@
 """Structured logs: the fast request line and structlog agree on the shape; upstream failures
-and rejected reloads are warnings; a refresh's line shows each change, secrets redacted."""
+and rejected reloads are warnings; a refresh's line shows each change, secrets redacted; the
+console rendering shows a client's control characters escaped, never raw (issue 25 item 4)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from typing import Any
 import openai
 import pytest
 
+from iop_edge.config import parse_config
+from iop_edge.daemon import Daemon
 from iop_edge.logs import (
     FLUSH_BYTES,
     configure_logging,
+    escape_controls,
     flush_logs,
     get_logger,
     request_level,
@@ -22,6 +26,11 @@ from iop_edge.logs import (
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import doc_for, dump, edge_on
+from tests.reliability.harness import raw_exchange, raw_request
+
+#: Every control character: C0, DEL and C1 (a terminal acts on ESC, BEL, BS, CR, CSI, ...).
+HELLO = [{"role": "user", "content": "hi"}]
+CONTROLS = [chr(c) for c in (*range(0x20), *range(0x7F, 0xA0))]
 
 
 def test_json_request_lines_carry_the_same_keys_as_other_events():
@@ -203,3 +212,70 @@ def test_lines_queued_when_the_process_exits_are_written():
     )
     assert done.returncode == 3
     assert json.loads(done.stdout)["event"] == "last_words"
+
+
+# --- issue 25 item 4: control characters never reach the console raw --------------------------
+
+
+def raw_controls(text: str) -> set[str]:
+    """The control characters in ``text`` other than the line feeds that end its lines."""
+    return {c for c in text if c in CONTROLS and c != "\n"}
+
+
+@pytest.mark.parametrize("char", CONTROLS, ids=lambda c: f"0x{ord(c):02x}")
+def test_the_console_rendering_escapes_each_control_character(char):
+    """Each control character in a text value, the event included, is written as its
+    ``\\xNN`` escape; a traceback keeps its line feeds and tabs, and escapes the rest."""
+    escaped = f"\\x{ord(char):02x}"
+    fields = escape_controls(None, "info", {"event": f"e{char}", "path": f"/a{char}b", "n": 1})
+    assert fields == {"event": f"e{escaped}", "path": f"/a{escaped}b", "n": 1}
+    kept = char if char in "\t\n" else escaped
+    trace = escape_controls(None, "error", {"event": "boom", "exception": f"x{char}y"})
+    assert trace["exception"] == f"x{kept}y"
+
+    stream = io.StringIO()
+    configure_logging("info", "console", stream)
+    log = get_logger()
+    log.info("unknown_route", path=f"/a{char}b", method=f"G{char}T", nested={"k": f"v{char}"})
+    try:
+        raise ValueError(f"bad {char} value")
+    except ValueError:
+        log.exception(f"failed{char}")
+    flush_logs()
+    text = stream.getvalue()
+    assert raw_controls(text) <= {"\t"}  # a tab only where the traceback keeps one
+    assert f"path=/a{escaped}b" in text
+    assert f"method=G{escaped}T" in text
+    assert f"failed{escaped}" in text
+    assert f"ValueError: bad {kept} value" in text
+
+
+async def test_a_requests_control_bytes_reach_the_console_log_escaped():
+    """Issue 25 item 4: with ``logging.format: console``, an unauthenticated client's path
+    (percent-encoded: the HTTP parser refuses raw control bytes in a request line or a header)
+    and model name holding ESC, BEL, BS, NUL, DEL and the C1 CSI reach the log escaped; before,
+    the request line wrote them raw, and an operator's terminal acted on them."""
+    stream = io.StringIO()
+    configure_logging("info", "console", stream)
+    daemon = Daemon(parse_config(doc_for()))
+    await daemon.start()
+    try:
+        listener = daemon.listeners["openai"]
+        path = "/%1b[2J%1b]0;pwned%07%08%00%7f%c2%9b31m"
+        status, _ = await raw_exchange(listener.host, listener.port, raw_request("GET", path))
+        assert status == 404
+        body = json.dumps({"model": "\x1b[31mred\x07\x08\x00", "messages": HELLO}).encode()
+        request = raw_request(
+            "POST", "/v1/chat/completions", [(b"Content-Type", b"application/json")], body
+        )
+        status, _ = await raw_exchange(listener.host, listener.port, request)
+        assert status == 404  # model_not_found
+    finally:
+        await daemon.stop()
+    flush_logs()
+    text = stream.getvalue()
+    lines = [line for line in text.splitlines() if "[info     ] request " in line]
+    assert len(lines) == 2
+    assert raw_controls(text) == set()
+    assert "path=/\\x1b[2J\\x1b]0;pwned\\x07\\x08\\x00\\x7f\\x9b31m" in lines[0]
+    assert "\\x1b[31mred\\x07\\x08\\x00" in lines[1]
