@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
@@ -35,12 +36,14 @@ from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, MonotonicClock
 from iop_edge.api.admin import AdminAPI
 from iop_edge.api.catalog import build_catalog
+from iop_edge.api.guard import RequestGuard
 from iop_edge.api.server import OpenAIServer
 from iop_edge.config.policy import pool_policy
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
 from iop_edge.config_file import load_config_file
-from iop_edge.errors import ConfigError
+from iop_edge.envelope import envelope
+from iop_edge.errors import ConfigError, RequestError
 from iop_edge.handover import (
     HANDOVER_FD_ENV,
     Channel,
@@ -256,8 +259,11 @@ class Daemon:
                 "names and the traffic; firewall it or listen on 127.0.0.1",
             )
         limits = ConnectionLimits.from_config(config.openai)
-        # The admin listeners share the OpenAI listener's timeouts, with a small cap of their own.
-        admin_limits = dataclasses.replace(limits, max_connections=ADMIN_MAX_CONNECTIONS)
+        # The admin listeners share the OpenAI listener's timeouts, with a small cap of their
+        # own, at which they evict an idle or incomplete connection: the operator gets in.
+        admin_limits = dataclasses.replace(
+            limits, max_connections=ADMIN_MAX_CONNECTIONS, evict_idle=True
+        )
         await self._bind("openai", self.server.build_app(), config.openai.listen, limits)
         predecessor = None
         if config.metrics.enabled:
@@ -654,7 +660,28 @@ class Daemon:
         # filters, nothing hand-written to keep in step with the exposition formats. No gzip:
         # aiohttp compresses in the loop's thread pool, and a scrape must answer even when
         # that pool is exhausted (the moment an operator looks).
-        app = web.Application()
+        # The console's browser rules (a page could read token refs, models and traffic
+        # through DNS rebinding): no Origin at all; on loopback, loopback Host names only. Off
+        # loopback the operator chose the network (metrics_not_loopback warns at start).
+        listen = self.config.metrics.listen
+        guard = RequestGuard(
+            allowed_origins=(),
+            loopback_hosts_only=is_loopback(listen),
+            no_origin="/metrics answers no web page (a scraper sends no Origin header).",
+            why_loopback=f"metrics.listen is the loopback address {listen}; a scraper on this "
+            "machine asks for it by one of those names.",
+        )
+
+        @web.middleware
+        async def checks(request: web.Request, handler: Handler) -> web.StreamResponse:
+            try:
+                guard.check(request.headers)
+            except RequestError as exc:
+                body = envelope(str(exc), exc.code, status=exc.status)
+                return web.Response(body=body, status=exc.status, content_type="application/json")
+            return await handler(request)
+
+        app = web.Application(middlewares=[checks])
         app.router.add_get(
             "/metrics", make_aiohttp_handler(self.registry, disable_compression=True)
         )
