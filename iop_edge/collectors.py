@@ -220,8 +220,8 @@ class ListenerCollector(Collector):
         )
         events = CounterMetricFamily(
             "iop_edge_listener_connection_events",
-            "Connections a listener refused at its cap, closed for a slow request head, or "
-            "cut because the client took no data.",
+            "Connections a listener refused at its cap, closed for a slow request head or "
+            "body, cut because the client took no data, or evicted at its cap.",
             labels=["listener", "event"],
         )
         for stats in self._listeners():
@@ -230,6 +230,7 @@ class ListenerCollector(Collector):
             events.add_metric([stats.name, "refused"], stats.refused)
             events.add_metric([stats.name, "header_timeout"], stats.header_timeouts)
             events.add_metric([stats.name, "write_stall"], stats.write_stalls)
+            events.add_metric([stats.name, "evicted"], stats.evicted)
         yield open_now
         yield limit
         yield events

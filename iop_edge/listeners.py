@@ -7,10 +7,21 @@ with at most one timer of its own per connection at a time:
 - **a connection cap** per listener: over it, a new connection is answered a ``503`` with
   ``Retry-After`` at once and closed when the client has read it (at most ``REFUSAL_LINGER``
   later) — the daemon and the requests it serves carry on — and a ``connection_limit``
-  warning, rate-limited on the listener's clock, names the listener and the cap;
+  warning, rate-limited on the listener's clock, names the listener and the cap. A listener
+  that **evicts** (``ConnectionLimits.evict_idle``: the console and metrics listeners, whose
+  operator must get in while idle or hostile connections fill the cap) first closes its oldest
+  connection that is not running a handler on a fully received request — one still waiting
+  for its request head or body, or idle between kept-alive requests — and takes the newcomer;
+  only when every connection is busy is the newcomer refused. Each eviction is counted and
+  logged (``connection_evicted``, rate-limited);
 - **a request-head timeout**: a connection that has not sent a complete first request head
   within ``header_timeout`` is closed (slowloris). A kept-alive connection waiting for its next
   head is closed by aiohttp's keep-alive timer, whether bytes trickle in or not;
+- **a request-body timeout**, on every listener: a request whose body has not fully arrived
+  with its head gets ``header_timeout`` more for the rest (armed when aiohttp makes the request,
+  disarmed at the body's end); then the connection is aborted and a ``body_timeout`` warning
+  logged (the OpenAI surface logs the request 408 ``body_timeout``). A body that came whole
+  with its head, the usual case, arms nothing;
 - **a write-stall timeout**: the transport tells its protocol when its send buffer passes the
   high-water mark (a write now has to wait for the client to read); only then is a timer armed,
   and cancelled when the buffer drains. If the client takes nothing for ``write_timeout``, the
@@ -39,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from aiohttp import web
+from aiohttp.streams import StreamReader
 
 from iop_edge.config.address import ListenAddress
 from iop_edge.envelope import envelope
@@ -83,6 +95,9 @@ class ConnectionLimits:
     header_timeout: float
     write_timeout: float
     max_connections: int
+    #: At the cap, close the oldest connection that serves no request instead of refusing the
+    #: new one (the console and metrics listeners: their operator must always get in).
+    evict_idle: bool = False
 
     @classmethod
     def from_config(cls, openai: Any) -> ConnectionLimits:
@@ -107,7 +122,10 @@ class ListenerStatistics:
     accepted: int
     refused: int
     header_timeouts: int
+    """Connections closed for a request head or body not complete in time."""
     write_stalls: int
+    evicted: int
+    """Connections closed at the cap to make room for a new one (``evict_idle``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +149,15 @@ def raise_fd_limit() -> FdLimit:
     return FdLimit(soft_before=soft, soft=new, hard=hard)
 
 
+# What a connection is doing, for eviction (tracked in full on evicting listeners only: the
+# end of a request is seen by a wrapper around the handler, which the OpenAI listener does
+# without).
+_HEAD: Final = 0  # waiting for its first request head
+_BODY: Final = 1  # a request head came; its body is still arriving
+_BUSY: Final = 2  # a handler runs on a fully received request
+_IDLE: Final = 3  # between two requests of a kept-alive connection
+
+
 class ConnectionGuard(asyncio.Protocol):
     """The protocol the event loop sees for one connection: it forwards every callback to
     aiohttp's ``RequestHandler`` and enforces the listener's cap and timeouts (module
@@ -140,6 +167,7 @@ class ConnectionGuard(asyncio.Protocol):
         "_cancel_timer",
         "_handler",
         "_listener",
+        "_phase",
         "_stall_pending",
         "_task",
         "_task_cancelling",
@@ -157,6 +185,7 @@ class ConnectionGuard(asyncio.Protocol):
         self._task: asyncio.Task[Any] | None = None
         self._task_cancelling = 0
         self._stall_pending = False
+        self._phase = _HEAD
         #: set when the body timer cut the connection (the handler logs 408 body_timeout)
         self.body_timed_out = False
 
@@ -167,16 +196,15 @@ class ConnectionGuard(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
         listener = self._listener
-        if listener.refuses_connections:
+        if listener.refuses_connections and not listener.evict():
             listener.refuse(transport)
             listener.refusing.add(self)
             self._arm("linger", REFUSAL_LINGER, self.abort)
             return
-        listener.guards.add(self)
         listener.accepted += 1
         self._arm("head", listener.limits.header_timeout, self._head_timed_out)
         handler = self._handler = listener.make_handler()
-        listener.awaiting_head[handler] = self
+        listener.connections[handler] = self
         handler.connection_made(transport)
         listener.check_fd(transport)
 
@@ -194,12 +222,11 @@ class ConnectionGuard(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection and let aiohttp cancel its handler."""
         listener = self._listener
-        listener.guards.discard(self)
         listener.refusing.discard(self)
         self._disarm()
         handler = self._handler
         if handler is not None:
-            listener.awaiting_head.pop(handler, None)
+            listener.connections.pop(handler, None)
             handler.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -263,6 +290,12 @@ class ConnectionGuard(asyncio.Protocol):
         return self._listener.limits.header_timeout
 
     @property
+    def evictable(self) -> bool:
+        """Whether the connection runs no handler on a fully received request: it waits for
+        a request head or body, or idles between kept-alive requests."""
+        return self._phase != _BUSY
+
+    @property
     def write_timeout(self) -> float:
         """Seconds a client may take no data while data waits for it."""
         return self._listener.limits.write_timeout
@@ -283,23 +316,32 @@ class ConnectionGuard(asyncio.Protocol):
             cancel()
         self._timer_kind = ""
 
-    def head_received(self) -> None:
-        """A complete request head arrived: the head timer has done its job."""
+    def request_started(self, payload: StreamReader) -> None:
+        """aiohttp made a request of a head it parsed: the head timer (a first request's) has
+        done its job. A body still arriving gets ``header_timeout`` for the rest — a body
+        trickled byte by byte, or one shorter than its ``Content-Length``, would hold the
+        connection (and, on the console, a slot of its cap) forever — then the connection is
+        aborted; its end disarms the timer. A body that came with its head arms nothing."""
         if self._timer_kind == "head":
             self._disarm()
-
-    def expect_body(self) -> None:
-        """A handler is about to wait for a request body that has not fully arrived: the
-        client gets ``header_timeout`` to send the rest (a body trickled byte by byte, or one
-        shorter than its ``Content-Length``, would hold the connection forever), then the
-        connection is aborted. :meth:`body_received` ends the wait."""
+        if payload.is_eof():
+            self._phase = _BUSY
+            return
+        self._phase = _BODY
         if self._cancel_timer is None:
             self._arm("body", self._listener.limits.header_timeout, self._body_timed_out)
+        payload.on_eof(self._body_received)
 
-    def body_received(self) -> None:
-        """The body arrived (or the wait ended otherwise): disarm the body timer."""
+    def _body_received(self) -> None:
         if self._timer_kind == "body":
             self._disarm()
+        if self._phase == _BODY:
+            self._phase = _BUSY
+
+    def request_done(self) -> None:
+        """The handler of the current request returned: the connection idles (kept alive)
+        until its next request head (or reads the rest of a body its handler left)."""
+        self._phase = _IDLE
 
     def _body_timed_out(self) -> None:
         self._cancel_timer, self._timer_kind = None, ""
@@ -397,11 +439,12 @@ class Listener:
         self.log = log
         self.host = ""
         self.port = 0
-        self.guards: set[ConnectionGuard] = set()
+        #: the accepted connections by aiohttp handler, oldest first
+        self.connections: dict[Any, ConnectionGuard] = {}
         #: refused connections, half-closed until their client closes (``REFUSAL_LINGER``)
         self.refusing: set[ConnectionGuard] = set()
-        self.awaiting_head: dict[Any, ConnectionGuard] = {}
         self.accepted = self.refused = self.header_timeouts = self.write_stalls = 0
+        self.evicted = 0
         self.writes_waiting = 0
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
@@ -414,19 +457,34 @@ class Listener:
         assert server is not None, "the runner must be set up first"
         self.make_handler: Callable[[], Any] = server
         # aiohttp calls its request factory once per request head it parsed: the moment the
-        # head timer of a new connection can go (one dict lookup per request, no timer).
+        # head timer of a new connection can go, and a body still arriving gets its timer
+        # (one dict lookup per request; no timer for a body that came with its head).
         make_request = server.request_factory
-        awaiting = self.awaiting_head
+        connections = self.connections
 
         def request_started(
             message: Any, payload: Any, protocol: Any, writer: Any, task: Any
         ) -> web.BaseRequest:
-            guard = awaiting.pop(protocol, None)
+            guard = connections.get(protocol)
             if guard is not None:
-                guard.head_received()
+                guard.request_started(payload)
             return make_request(message, payload, protocol, writer, task)
 
         server.request_factory = request_started
+        if limits.evict_idle:
+            # Eviction must know when a request is over; the OpenAI listener, which never
+            # evicts, saves its requests this wrapper.
+            handle = server.request_handler
+
+            async def handle_request(request: web.BaseRequest) -> web.StreamResponse:
+                try:
+                    return await handle(request)
+                finally:
+                    guard = connections.get(request.protocol)
+                    if guard is not None:
+                        guard.request_done()
+
+            server.request_handler = handle_request
 
     @classmethod
     async def bind(
@@ -498,20 +556,44 @@ class Listener:
         return ListenerStatistics(
             name=self.name,
             max_connections=self.limits.max_connections,
-            open_connections=len(self.guards),
+            open_connections=len(self.connections),
             writes_waiting=self.writes_waiting,
             accepted=self.accepted,
             refused=self.refused,
             header_timeouts=self.header_timeouts,
             write_stalls=self.write_stalls,
+            evicted=self.evicted,
         )
 
     # -- used by the guards ------------------------------------------------------------------
 
     @property
     def refuses_connections(self) -> bool:
-        """At the cap (or closing): a new connection is refused."""
-        return self.closing or len(self.guards) >= self.limits.max_connections
+        """At the cap (or closing): a new connection is refused, unless :meth:`evict` makes
+        room for it."""
+        return self.closing or len(self.connections) >= self.limits.max_connections
+
+    def evict(self) -> bool:
+        """On an evicting listener that is not closing, close the oldest connection that
+        runs no handler on a fully received request (:attr:`ConnectionGuard.evictable`);
+        True when one was closed (its place is free at once). At most ``max_connections``
+        guards are looked at, and only at the cap."""
+        if not self.limits.evict_idle or self.closing:
+            return False
+        for handler, guard in self.connections.items():
+            if guard.evictable:
+                del self.connections[handler]
+                self.evicted += 1
+                self.warn(
+                    "connection_evicted",
+                    cap=self.limits.max_connections,
+                    message=f"closed the oldest connection(s) waiting for a request (or idle) "
+                    f"to let new ones in: {self.limits.max_connections} were open, the cap of "
+                    "this listener",
+                )
+                guard.abort()
+                return True
+        return False
 
     def refuse(self, transport: asyncio.Transport) -> None:
         """Answer 503 and end the output: the client learns at once, and retries later.
@@ -609,7 +691,7 @@ class Listener:
 
     def cut(self) -> int:
         """Abort every connection still open (their handlers are cancelled); the number."""
-        guards = list(self.guards)
+        guards = list(self.connections.values())
         for guard in guards:
             guard.abort()
         return len(guards)

@@ -350,11 +350,9 @@ class OpenAIServer:
         self.guard.check(headers)
         record.principal = self.auth.authenticate(headers.get("Authorization"))
         require_json_body(request)
-        # A body still arriving gets openai.header_timeout_ms to finish (no timer at all for
-        # the usual body that came with its head).
+        # A body still arriving has openai.header_timeout_ms to finish (the listener's body
+        # timer); its guard says whether that timer cut it (taken now: the cut forgets it).
         guard = None if request.content.is_eof() else ConnectionGuard.of(request)
-        if guard is not None:
-            guard.expect_body()
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -373,9 +371,6 @@ class OpenAIServer:
                     "the connection"
                 )
             raise
-        finally:
-            if guard is not None:
-                guard.body_received()
         body = parse_body(raw, endpoint)
         record.model = model_id = body["model"]
         record.stream = endpoint != "embeddings" and bool(body.get("stream"))
