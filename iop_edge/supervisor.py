@@ -2,14 +2,19 @@
 
 Triggers:
 
-- ``file``: the config file's **directory** is watched (watchfiles), so editor saves by rename,
-  ``sed -i``, truncating writes, delete + recreate and a Kubernetes ``..data`` symlink swap are
-  all seen; events are debounced, and a slow periodic content check backs up missed events.
-  A file whose bytes did not change since the last refresh is skipped. A changed file is only
-  judged once writes have **settled**: its content must stay the same for ``settle`` seconds
-  (read, wait, read again, until two reads agree), so a file saved in parts is never loaded
-  half-written, even when its first part is a valid config. A file still changing after
-  ``settle_limit`` seconds is rejected without being loaded.
+- ``file``: the config file's **directory** is watched (:mod:`iop_edge.config_watch`: inotify
+  on Linux, watchfiles elsewhere), so editor saves by rename, ``sed -i``, truncating writes,
+  delete + recreate and a Kubernetes ``..data`` symlink swap are all seen; only the names that
+  can change what the config path resolves to count (a log file beside it does not), and a
+  slow periodic content check backs up missed events. A file whose bytes did not change since
+  the last refresh is skipped. A file modified in place is not judged while its writer holds
+  it open (inotify's close-write; no timer runs meanwhile), and a changed file is only judged
+  once writes have **settled**: its content must stay the same for ``settle`` seconds (read,
+  wait, read again, until two reads agree), so a file saved in parts is never loaded
+  half-written, even when its first part is a valid config. A file still changing, or still
+  open for writing, after ``settle_limit`` seconds is rejected without being loaded. What
+  this cannot catch (a second write after a close and a settle window): see
+  :mod:`iop_edge.config_watch`.
 - ``signal``: SIGHUP (the daemon installs the handler before anything slow).
 - ``api``: ``POST /admin/config/refresh`` and ``iop-edge config refresh``; synchronous — the
   caller gets the result of a refresh that started after its call.
@@ -40,8 +45,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import watchfiles
-
 from iop_edge.config.refresh import (
     RefreshOutcome,
     RefreshResult,
@@ -57,6 +60,7 @@ from iop_edge.config_file import (
     candidate_snapshot,
     snapshot_config_file,
 )
+from iop_edge.config_watch import ConfigWatch, InotifyUnavailable, WatchStatistics
 from iop_edge.errors import ConfigError, ConfigProblem
 from iop_edge.logs import Logger
 from iop_edge.systemd import Notifier
@@ -88,13 +92,18 @@ class SupervisorOptions:
 
     ``settle`` is 0.5 s: every writer we know of (editors, ``sed -i``, ``cp``, configuration
     management, a ConfigMap swap) writes a config in milliseconds, so half a second of quiet
-    means the write is over, and a save still takes effect within about 0.7 s (debounce +
-    settle).
+    after its close (or its rename) means the write is over, and a save takes effect about
+    0.5 s after it (0.7 s with watchfiles: its debounce + settle).
     """
 
+    #: Watch with inotify where there is one (:mod:`iop_edge.config_watch`); false: with
+    #: watchfiles, as where there is none.
+    inotify: bool = True
+    #: Events are grouped this long (watchfiles only: inotify needs no grouping).
     debounce: float = 0.2
     settle: float = 0.5
-    #: A file that keeps changing this long is rejected without being loaded.
+    #: A file that keeps changing (or stays open for writing) this long is rejected without
+    #: being loaded.
     settle_limit: float = 10.0
     poll_interval: float = 30.0
     #: One read + load + classify may take this long; then the refresh is rejected.
@@ -145,7 +154,12 @@ class Supervisor:
         self._file_digest = snapshot_config_file(str(path)).digest
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
+        self._watcher = ConfigWatch(path, lambda: self.request("file"))
+        self._inotify = self.options.inotify
         self.runs = 0
+        #: finished reads of the config file (a change, a settle window, a periodic check, a
+        #: refresh)
+        self.reads = 0
         #: whether the file is watched (``start(watch=...)``; ``reload.watch`` in the config)
         self.watching = False
 
@@ -224,29 +238,64 @@ class Supervisor:
                 self._log_failure("config_refresh_failed", exc, trigger=trigger)
 
     async def _settled(self) -> ConfigSnapshot | None:
-        """The file once two reads ``settle`` seconds apart agree; ``None`` when it holds what
-        was judged last. A file still changing after ``settle_limit`` seconds comes back as
-        an unreadable snapshot, so it is rejected without being loaded."""
+        """The file once its writer closed it and two reads ``settle`` seconds apart agree;
+        ``None`` when it holds what was judged last. A file still changing, or still open for
+        writing, after ``settle_limit`` seconds comes back as an unreadable snapshot, so it is
+        rejected without being loaded."""
+        settle, limit = self.options.settle, self.options.settle_limit
+        if not await self._writer_closed(0.0):
+            return self._unsettled(self._held_open(limit))
         current = await self._read()
         if current.digest == self._file_digest:
             return None
         waited = 0.0
         while True:
-            await self.options.sleep(self.options.settle)
-            waited += self.options.settle
+            if not await self._writer_closed(waited):
+                return self._unsettled(self._held_open(limit))
+            await self.options.sleep(settle)
+            waited += settle
             latest = await self._read()
-            if latest.digest == current.digest:
+            if latest.digest == current.digest and self._watcher.closed.is_set():
                 return latest
             current = latest
-            if waited >= self.options.settle_limit:
-                message = (
+            if waited >= limit:
+                return self._unsettled(
                     f"{self.path}: the file kept changing for {waited:g} s (it never stayed the "
-                    f"same for {self.options.settle:g} s), so it was not loaded; it is judged "
-                    "once writes to it stop"
+                    f"same for {settle:g} s), so it was not loaded; it is judged once writes to "
+                    "it stop"
                 )
-                return ConfigSnapshot(
-                    str(self.path), None, ConfigError([ConfigProblem("", message)])
-                )
+
+    def _held_open(self, limit: float) -> str:
+        return (
+            f"{self.path}: the file was still open for writing {limit:g} s after it changed "
+            "(its writer never closed it), so it was not loaded; it is judged once its writer "
+            "closes it"
+        )
+
+    def _unsettled(self, message: str) -> ConfigSnapshot:
+        return ConfigSnapshot(str(self.path), None, ConfigError([ConfigProblem("", message)]))
+
+    async def _writer_closed(self, waited: float) -> bool:
+        """Wait while a writer holds the file open after changing it in place (inotify says
+        so; no settle timer runs meanwhile): True once it closed it (at once when none holds
+        it), False when one still does at the end of the ``settle_limit`` budget, of which
+        ``waited`` seconds went on settling already."""
+        closed = self._watcher.closed
+        if closed.is_set():
+            return True
+        remaining = self.options.settle_limit - waited
+        if remaining <= 0:
+            return False
+        close = asyncio.ensure_future(closed.wait())
+        bound = asyncio.ensure_future(self.options.sleep(remaining))
+        try:
+            await asyncio.wait((close, bound), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            close.cancel()
+            bound.cancel()
+        if bound.done() and not bound.cancelled():
+            bound.result()  # a failure of the wait itself is the worker's to log
+        return closed.is_set()
 
     async def _read(self) -> ConfigSnapshot:
         """One read of the config file, in a worker thread, under the deadline; never raises
@@ -262,6 +311,10 @@ class Supervisor:
         except Exception as exc:  # e.g. no thread to read in: a rejection, not a crash
             self._log_failure("config_read_failed", exc, path=str(self.path))
             message = f"cannot read config {self.path}: {type(exc).__name__}: {exc}"
+        finally:
+            # Counted once the read is over, in the step its caller resumes in: a test that
+            # sees the count knows the caller has acted on it.
+            self.reads += 1
         return ConfigSnapshot(str(self.path), None, ConfigError([ConfigProblem("", message)]))
 
     async def _run(
@@ -392,37 +445,44 @@ class Supervisor:
 
     # -- the file ----------------------------------------------------------------------------
 
+    def watch_statistics(self) -> WatchStatistics:
+        """The file watch as of now (:mod:`iop_edge.config_watch`)."""
+        return self._watcher.statistics()
+
     async def _watch(self) -> None:
-        while True:
+        while not self._stop.is_set():
             try:
                 await self._watch_directory()
-                return  # stopped
             except Exception as exc:  # e.g. the directory vanished: keep trying, poll meanwhile
                 self._log_failure("config_watch_failed", exc, directory=str(self.path.parent))
                 await asyncio.sleep(1.0)
 
     async def _watch_directory(self) -> None:
-        first = True
-        async for changes in watchfiles.awatch(
-            self.path.parent,
-            debounce=int(self.options.debounce * 1000),
-            step=50,
-            stop_event=self._stop,
-            recursive=False,
-            ignore_permission_denied=True,
-            yield_on_timeout=True,
-            rust_timeout=1000,
-        ):
-            # Every change in the directory counts: a rename-save, a symlink swap of `..data`
-            # or a recreate may never name the file itself; unchanged bytes are skipped. The
-            # first (timeout) round means the watch is up: look once for a change made before.
-            if changes or first:
-                self.request("file")
-            first = False
+        """Watch until stopped, or (inotify) until the directory itself went away: then the
+        file is looked at and the caller watches again."""
+        if self._inotify:
+            try:
+                await self._watcher.run_inotify()
+            except InotifyUnavailable as exc:
+                self._inotify = False
+                self._log.info(
+                    "config_watch_fallback",
+                    reason=str(exc),
+                    message="the config file is watched with watchfiles: a file written in "
+                    "place is judged by the settle window alone (no close-write)",
+                )
+            else:
+                self.request("file")  # the directory was deleted or moved
+                return
+        await self._watcher.run_watchfiles(debounce=self.options.debounce, stop=self._stop)
 
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.options.poll_interval)
+            # A file open for writing is judged when its writer closes it (the close is an
+            # event): reading it meanwhile would only find it half-written.
+            if not self._watcher.closed.is_set():
+                continue
             if (await self._read()).digest != self._file_digest:
                 self.request("file")
 
