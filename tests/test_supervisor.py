@@ -136,9 +136,9 @@ async def test_valid_then_invalid_then_valid_keeps_serving_and_reports_each_step
         assert metrics[applied] == 2
 
 
-# A half-written file: tests/test_supervisor_hardening.py
-# (test_a_save_in_two_parts_is_judged_only_once_complete_and_no_model_vanishes) drives the
-# settle wait by hand, so no real time decides the outcome.
+# A half-written file: tests/test_config_watch.py (a writer holding the file open between its
+# parts) and tests/test_supervisor_hardening.py (two opens, within the settle window) drive the
+# waits by hand, so no real time decides the outcome.
 
 
 async def test_mixed_live_and_restart_then_revert_clears_restart_pending(tmp_path):
