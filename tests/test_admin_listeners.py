@@ -28,6 +28,7 @@ import aiohttp
 import pytest
 import yaml
 
+from iop_edge.admission import MonotonicClock
 from iop_edge.config import parse_config
 from iop_edge.config.refresh import refresh
 from iop_edge.daemon import Daemon
@@ -62,15 +63,16 @@ def edge_doc(metrics_listen: str = "127.0.0.1:0") -> dict[str, Any]:
 async def running(
     tmp_path: Path, doc: dict[str, Any], clock: FakeClock | None = None, **options: Any
 ) -> AsyncIterator[Daemon]:
-    """A daemon on ``doc`` (its config file not watched), stopped afterwards."""
+    """A daemon on ``doc`` (its config file not watched; its listeners' timers on ``clock``,
+    else the loop's), stopped afterwards."""
     path = tmp_path / "edge.yaml"
     path.write_text(yaml.safe_dump(doc))
     daemon = Daemon(
         parse_config(doc),
         config_path=path,
+        clock=clock or MonotonicClock(),
         watch=False,
         supervisor_options=SupervisorOptions(poll_interval=3600, **options),
-        **({"clock": clock} if clock else {}),
     )
     await daemon.start()
     try:
@@ -191,8 +193,8 @@ async def test_idle_and_stalled_connections_at_the_cap_never_lock_the_operator_o
         close_all(idle + stalled)
     [evicted] = logged(log_stream, "connection_evicted")  # rate-limited: one line
     assert (evicted["level"], evicted["listener"], evicted["cap"]) == ("warning", name, 64)
-    [cut] = logged(log_stream, "body_timeout")
-    assert (cut["level"], cut["listener"]) == ("warning", name)
+    [body_timeout] = logged(log_stream, "body_timeout")
+    assert (body_timeout["level"], body_timeout["listener"]) == ("warning", name)
     assert logged(log_stream, "connection_limit") == []
 
 
