@@ -43,9 +43,7 @@ _LEVELS: Final = {
 
 
 #: Every control character (C0, DEL, C1) and its escape as Python writes it (``\\x1b``).
-_CONTROL_ESCAPES: Final = {
-    code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))
-}
+_CONTROL_ESCAPES: Final = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
 #: The same, except line feed and tab, for a traceback's text (it spans lines).
 _TRACEBACK_ESCAPES: Final = {
     code: escape for code, escape in _CONTROL_ESCAPES.items() if code not in (0x09, 0x0A)
@@ -213,7 +211,7 @@ def configure_logging(
             escape_controls,
             structlog.dev.ConsoleRenderer(
                 colors=False, exception_formatter=structlog.dev.plain_traceback
-            )
+            ),
         ]
     else:
         # exc_info=True (log.exception) becomes the traceback text in "exception": without

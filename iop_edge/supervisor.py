@@ -19,7 +19,9 @@ Triggers:
 - ``api``: ``POST /admin/config/refresh`` and ``iop-edge config refresh``; synchronous — the
   caller gets the result of a refresh that started after its call.
 
-Signal and api refreshes do not wait for the file to settle: the operator asked for them.
+Signal and api refreshes do not wait for the file to settle: the operator asked for them. A
+SIGHUP that comes while a file change settles (or waits for its writer's close) takes its place
+at once.
 
 File and signal triggers that arrive while a refresh runs coalesce into one more run. Each run:
 read the file → load → validate → classify against the **running** config (in a worker thread,
@@ -149,6 +151,7 @@ class Supervisor:
         self._notifier = notifier or Notifier({})
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._signalled = asyncio.Event()
         self._queued: Trigger | None = None
         # Bounded and non-blocking (a FIFO is refused, not read), so safe before the loop runs.
         self._file_digest = snapshot_config_file(str(path)).digest
@@ -198,6 +201,8 @@ class Supervisor:
         # A signal outranks a file event in the record: it was an operator's explicit act.
         if self._queued != "signal":
             self._queued = trigger
+        if trigger == "signal":
+            self._signalled.set()  # a file trigger still settling gives way to it
         self._wake.set()
 
     async def refresh(self, trigger: Trigger, mode: str = "apply") -> RefreshResult:
@@ -239,20 +244,24 @@ class Supervisor:
 
     async def _settled(self) -> ConfigSnapshot | None:
         """The file once its writer closed it and two reads ``settle`` seconds apart agree;
-        ``None`` when it holds what was judged last. A file still changing, or still open for
-        writing, after ``settle_limit`` seconds comes back as an unreadable snapshot, so it is
-        rejected without being loaded."""
+        ``None`` when it holds what was judged last, or when a SIGHUP came meanwhile (its
+        refresh, next, reads the file at once: the operator asked for it). A file still
+        changing, or still open for writing, after ``settle_limit`` seconds comes back as an
+        unreadable snapshot, so it is rejected without being loaded."""
         settle, limit = self.options.settle, self.options.settle_limit
+        self._signalled.clear()  # (a SIGHUP before this file trigger was taken ran before it)
         if not await self._writer_closed(0.0):
-            return self._unsettled(self._held_open(limit))
+            return None if self._signalled.is_set() else self._unsettled(self._held_open(limit))
         current = await self._read()
         if current.digest == self._file_digest:
             return None
         waited = 0.0
         while True:
             if not await self._writer_closed(waited):
-                return self._unsettled(self._held_open(limit))
-            await self.options.sleep(settle)
+                return None if self._signalled.is_set() else self._unsettled(self._held_open(limit))
+            await self._wait(settle, self._signalled)
+            if self._signalled.is_set():
+                return None
             waited += settle
             latest = await self._read()
             if latest.digest == current.digest and self._watcher.closed.is_set():
@@ -278,24 +287,27 @@ class Supervisor:
     async def _writer_closed(self, waited: float) -> bool:
         """Wait while a writer holds the file open after changing it in place (inotify says
         so; no settle timer runs meanwhile): True once it closed it (at once when none holds
-        it), False when one still does at the end of the ``settle_limit`` budget, of which
-        ``waited`` seconds went on settling already."""
+        it); False when one still does at the end of the ``settle_limit`` budget, of which
+        ``waited`` seconds went on settling already, or when a SIGHUP came first."""
         closed = self._watcher.closed
         if closed.is_set():
             return True
         remaining = self.options.settle_limit - waited
-        if remaining <= 0:
-            return False
-        close = asyncio.ensure_future(closed.wait())
-        bound = asyncio.ensure_future(self.options.sleep(remaining))
+        if remaining > 0:
+            await self._wait(remaining, closed, self._signalled)
+        return closed.is_set() and not self._signalled.is_set()
+
+    async def _wait(self, seconds: float, *until: asyncio.Event) -> None:
+        """Sleep ``seconds`` (the injected sleep), or less: until one of ``until`` is set."""
+        sleep = asyncio.ensure_future(self.options.sleep(seconds))
+        waits = [sleep, *(asyncio.ensure_future(event.wait()) for event in until)]
         try:
-            await asyncio.wait((close, bound), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            close.cancel()
-            bound.cancel()
-        if bound.done() and not bound.cancelled():
-            bound.result()  # a failure of the wait itself is the worker's to log
-        return closed.is_set()
+            for wait in waits:
+                wait.cancel()
+        if sleep.done() and not sleep.cancelled():
+            sleep.result()  # a failure of the sleep itself is the worker's to log
 
     async def _read(self) -> ConfigSnapshot:
         """One read of the config file, in a worker thread, under the deadline; never raises

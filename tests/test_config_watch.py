@@ -207,6 +207,27 @@ async def test_a_file_held_open_past_the_settle_limit_is_rejected_unread(tmp_pat
     assert (rejected["level"], applied["level"]) == ("warning", "info")
 
 
+async def test_a_sighup_does_not_wait_behind_a_file_being_written(tmp_path):
+    """A SIGHUP while the supervisor waits for a writer's close is served at once (the
+    operator asked: its refresh reads the file as it is), and the close then finds nothing
+    new. Without this, the signal waited behind the file for up to ``settle_limit``."""
+    sleep = BoundSleep()
+    async with watched(tmp_path / "edge.yaml", edge_doc(), sleep) as edge:
+        with open(edge.path, "w") as handle:
+            handle.write(dump(edge_doc(capacity=3)))
+            handle.flush()
+            await wait_for(lambda: sleep.waiting == 1)
+            edge.supervisor.request("signal")  # what the daemon's SIGHUP handler does
+            record = await edge.next_record()
+            assert (record.trigger, record.result.result) == ("signal", "applied")
+            assert edge.capacity() == 3
+            await wait_for(lambda: sleep.waiting == 0)  # the wait for the close gave way
+        await edge.supervisor.refresh("api")
+        assert (await edge.next_record()).trigger == "api"
+        assert edge.records.empty()
+        assert edge.supervisor.runs == 2
+
+
 # --- which names count -------------------------------------------------------------------
 
 
