@@ -5,6 +5,7 @@ and again at every load."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,13 @@ def test_an_unreadable_file_reference_is_a_config_problem_naming_path_file_and_w
         f"nodes[local].adapters[shell].headers.X: cannot read ${{file:{missing}}}: No such file "
         "or directory"
     )
+
+
+def test_the_shipped_env_file_parses_and_the_unit_reads_it_with_env_file():
+    root = Path(__file__).resolve().parents[1]
+    example = root / "deploy/iop-edge.env.example"
+    assert set(parse_env_text(example.read_text(), str(example))) == {"OPENAI_API_KEY", "VLLM_URL"}
+    unit = (root / "deploy/iop-edge.service").read_text()
+    assert "--env-file /etc/iop-edge/iop-edge.env" in unit
+    assert "\nEnvironmentFile=" not in unit  # systemd would read it once, at start
+    assert "\nSupplementaryGroups=iop-edge-secrets\n" in unit
