@@ -17,9 +17,10 @@ import json
 import os
 import shutil
 import sys
+import textwrap
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NoReturn
@@ -37,7 +38,12 @@ from iop_edge.config.payload import node_payload
 from iop_edge.config.redact import redact
 from iop_edge.config.refresh import Outcome, RefreshResult, refresh
 from iop_edge.config.schema import PrincipalToken
-from iop_edge.config_file import load_config_file, read_config_text
+from iop_edge.config_file import (
+    ServiceEnvironment,
+    load_config_file,
+    read_config_text,
+    read_secret_file,
+)
 from iop_edge.runtime_record import find_record
 from iop_edge.tokens import new_token, token_hash
 
@@ -61,10 +67,11 @@ def default_config_path() -> str:
     return os.environ.get("IOP_EDGE_CONFIG", DEFAULT_CONFIG)
 
 
-def read_config(path: str) -> EdgeConfig:
+def read_config(path: str, env: Mapping[str, str] | None = None) -> EdgeConfig:
     """Read and load a config file as the daemon does (:mod:`iop_edge.config_file`): an
-    unreadable, non-regular, oversized or non-UTF-8 file becomes a one-line ConfigError."""
-    return load_config_file(path, os.environ)
+    unreadable, non-regular, oversized or non-UTF-8 file becomes a one-line ConfigError.
+    References resolve from ``env`` (default: this process's environment) and files."""
+    return load_config_file(path, os.environ if env is None else env)
 
 
 def _print_problems(exc: ConfigError, as_json: bool) -> None:
@@ -113,13 +120,19 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def cmd_config_payload(args: argparse.Namespace) -> int:
-    """``iop-edge config payload --node ID [--config FILE]``: one node's payload as JSON."""
+    """``iop-edge config payload --node ID [--config FILE] [--show-secrets]``: one node's
+    payload as JSON, its secrets redacted as ``config show`` redacts them, and every value the
+    config took from the environment or a file too, unless ``--show-secrets``."""
     try:
-        payload = node_payload(read_config(args.config), args.node)
+        config = read_config(args.config)
+        payload = node_payload(config, args.node)
     except ConfigError as exc:
         _print_problems(exc, False)
         return EXIT_INVALID
-    print(payload.model_dump_json(indent=2, exclude_none=True))
+    data = payload.model_dump(mode="json", exclude_none=True)
+    if not args.show_secrets:
+        data = redact(config.provenance.scrub(data))
+    print(json.dumps(data, indent=2, ensure_ascii=False))
     return EXIT_OK
 
 
@@ -231,7 +244,9 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _print_problems(exc, False)
         return EXIT_INVALID
-    result = refresh(running, text, mode=mode, env=os.environ, source=source).result
+    result = refresh(
+        running, text, mode=mode, env=os.environ, read_file=read_secret_file, source=source
+    ).result
     print(json.dumps(result.to_json(), indent=2) if args.json else format_refresh(result))
     return REFRESH_EXIT[result.result]
 
@@ -249,8 +264,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ActivationError as exc:
             print(f"iop-edge serve: the sockets passed in are not usable: {exc}", file=sys.stderr)
             return EXIT_INVALID
+        # --env-file is read at every load (here, each refresh, the new process of a handover).
+        env = ServiceEnvironment(os.environ, args.env_file and os.path.abspath(args.env_file))
         try:
-            config = read_config(args.config)
+            env.variables()
+        except ConfigError as exc:
+            print(f"iop-edge serve: the env file {args.env_file} is not usable:", file=sys.stderr)
+            _print_problems(exc, False)
+            return EXIT_INVALID
+        try:
+            config = read_config(args.config, env)
         except ConfigError as exc:
             print(f"iop-edge serve: the config {args.config} is not valid:", file=sys.stderr)
             _print_problems(exc, False)
@@ -268,6 +291,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             inherited=inherited,
             argv=tuple(_own_command()),
             handover_fd=int(handover) if handover else None,
+            env=env,
         )
         import uvloop
 
@@ -632,32 +656,71 @@ def cmd_token_admin(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help text wrapped at spaces only (a path like /etc/iop-edge/edge.yaml stays whole)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+DESCRIPTION = (
+    "iop-edge: one OpenAI-compatible endpoint in front of a pool of LLM providers. Exit codes: "
+    "0 success (for config refresh: applied, or nothing changed), 1 invalid input or rejected, "
+    "2 usage error, 3 restart required."
+)
 _ADMIN_TOKEN_HELP = f"read the admin token from FILE (default: ${ADMIN_TOKEN_ENV})"
+_CONFIG_HELP = f"the config file (default: $IOP_EDGE_CONFIG, else {DEFAULT_CONFIG})"
+_JSON_HELP = "print JSON instead of text"
 
 
 def _config_file_arguments(parser: argparse.ArgumentParser) -> None:
     """``[FILE]`` and ``--config FILE``: the same file (the positional form is kept as an
     alias); :func:`main` puts the one given in ``args.file``."""
-    parser.add_argument("file", nargs="?", default=None, help="the config file (as --config)")
     parser.add_argument(
-        "--config", help=f"the config file (default: $IOP_EDGE_CONFIG, else {DEFAULT_CONFIG})"
+        "file", nargs="?", default=None, metavar="FILE", help="the config file (as --config)"
+    )
+    parser.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
+
+
+def _console_arguments(parser: argparse.ArgumentParser, config_help: str) -> None:
+    """How a command finds and reaches the running daemon's admin API."""
+    parser.add_argument("--config", metavar="FILE", default=default_config_path(), help=config_help)
+    parser.add_argument("--console", metavar="URL", help="the admin API's base URL")
+    parser.add_argument("--admin-token-file", metavar="FILE", help=_ADMIN_TOKEN_HELP)
+
+
+def _subcommands(parser: argparse.ArgumentParser, dest: str) -> Any:
+    return parser.add_subparsers(
+        dest=dest, required=True, parser_class=_Parser, metavar="COMMAND", title="commands"
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    parser = _Parser(prog="iop-edge", description=__doc__.splitlines()[0])
+    """The argument parser of every subcommand. Help is plain text: no markup, and every
+    placeholder says what goes there (FILE, URL, ID, NAME, COMMAND)."""
+    parser = _Parser(prog="iop-edge", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"iop-edge {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = _subcommands(parser, "command")
 
-    serve = sub.add_parser("serve", help="run the daemon")
-    serve.add_argument("--config", default=default_config_path())
+    serve = sub.add_parser("serve", help="run the daemon", description="Run the daemon.")
+    serve.add_argument("--config", metavar="FILE", default=default_config_path(), help=_CONFIG_HELP)
+    serve.add_argument(
+        "--env-file",
+        metavar="FILE",
+        help="KEY=VALUE lines (systemd EnvironmentFile syntax) for ${VAR} in the config, over "
+        "the environment; read again at every refresh and by the new process of iop-edge "
+        "restart, so a rotated secret takes effect without a gap",
+    )
     serve.add_argument(
         "--drain-timeout",
         type=float,
@@ -667,49 +730,78 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    status = sub.add_parser("status", help="the running daemon's status (admin API)")
-    status.add_argument("--config", default=default_config_path(), help="to find console.listen")
-    status.add_argument("--console", metavar="URL", help="admin API base URL")
-    status.add_argument("--admin-token-file", metavar="FILE", help=_ADMIN_TOKEN_HELP)
-    status.add_argument("--json", action="store_true")
+    status = sub.add_parser(
+        "status",
+        help="the running daemon's status (admin API)",
+        description="Print the running daemon's status, from its admin API.",
+    )
+    _console_arguments(status, "the daemon's config file (to find its admin API)")
+    status.add_argument("--json", action="store_true", help=_JSON_HELP)
     status.set_defaults(func=cmd_status)
 
     restart = sub.add_parser(
-        "restart", help="hand the running daemon over to a new process, without a gap"
+        "restart",
+        help="hand the running daemon over to a new process, without a gap",
+        description="Hand the running daemon over to a new process running the same command "
+        "line, without a gap (the new process reads the config, --env-file and ${file:} "
+        "files again).",
     )
-    restart.add_argument("--config", default=default_config_path(), help="to find console.listen")
-    restart.add_argument("--console", metavar="URL", help="admin API base URL")
-    restart.add_argument("--admin-token-file", metavar="FILE", help=_ADMIN_TOKEN_HELP)
-    restart.add_argument("--json", action="store_true")
+    _console_arguments(restart, "the daemon's config file (to find its admin API)")
+    restart.add_argument("--json", action="store_true", help=_JSON_HELP)
     restart.set_defaults(func=cmd_restart)
 
-    config = sub.add_parser("config", help="validate, show and compare configs")
-    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    config = sub.add_parser(
+        "config",
+        help="validate, show and compare configs",
+        description="Validate, show and compare configs.",
+    )
+    config_sub = _subcommands(config, "config_command")
 
     validate = config_sub.add_parser(
-        "validate", help="check a config; exit 1 listing every problem"
+        "validate",
+        help="check a config; exit 1 listing every problem",
+        description="Check a config; exit 1 listing every problem.",
     )
     _config_file_arguments(validate)
     validate.add_argument("--json", action="store_true", help='print {"valid", "errors"}')
     validate.set_defaults(func=cmd_config_validate)
 
-    show = config_sub.add_parser("show", help="print the effective config (secrets redacted)")
+    show = config_sub.add_parser(
+        "show",
+        help="print the effective config (secrets redacted)",
+        description="Print the effective config, secrets redacted.",
+    )
     _config_file_arguments(show)
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help=_JSON_HELP)
     show.set_defaults(func=cmd_config_show)
 
-    payload = config_sub.add_parser("payload", help="print one node's NodeConfigPayload as JSON")
-    payload.add_argument("--node", required=True, help="node id")
-    payload.add_argument("--config", default=default_config_path())
+    payload = config_sub.add_parser(
+        "payload",
+        help="print one node's NodeConfigPayload as JSON (secrets redacted)",
+        description="Print one node's NodeConfigPayload as JSON, secrets redacted as by config "
+        "show, and every value taken from the environment or a file too.",
+    )
+    payload.add_argument("--node", metavar="ID", required=True, help="the node's id")
+    payload.add_argument(
+        "--config", metavar="FILE", default=default_config_path(), help=_CONFIG_HELP
+    )
+    payload.add_argument(
+        "--show-secrets",
+        action="store_true",
+        help="print secrets in clear (header and env values, URL passwords, secret-looking "
+        "arguments, values from the environment or files)",
+    )
     payload.set_defaults(func=cmd_config_payload)
 
     refresh_cmd = config_sub.add_parser(
-        "refresh", help="classify a candidate config against the running one"
+        "refresh",
+        help="classify a candidate config against the running one",
+        description="Classify a candidate config against the running one: the daemon's own "
+        "file (--apply applies its live part), another file (--candidate, a dry run), or, "
+        "with --offline, without a daemon.",
     )
-    refresh_cmd.add_argument(
-        "--config",
-        default=default_config_path(),
-        help="the daemon's config file (finds its admin API); with --offline, the candidate",
+    _console_arguments(
+        refresh_cmd, "the daemon's config file (finds its admin API); with --offline, the candidate"
     )
     refresh_cmd.add_argument(
         "--candidate",
@@ -723,23 +815,37 @@ def build_parser() -> argparse.ArgumentParser:
     modes = refresh_cmd.add_mutually_exclusive_group()
     modes.add_argument("--dry-run", action="store_true", help="report only (the default)")
     modes.add_argument("--apply", action="store_true", help="apply the live part")
-    refresh_cmd.add_argument("--console", metavar="URL", help="admin API base URL")
-    refresh_cmd.add_argument("--admin-token-file", metavar="FILE", help=_ADMIN_TOKEN_HELP)
-    refresh_cmd.add_argument("--json", action="store_true")
+    refresh_cmd.add_argument("--json", action="store_true", help=_JSON_HELP)
     refresh_cmd.set_defaults(func=cmd_config_refresh)
 
-    token = sub.add_parser("token", help="principal tokens")
-    token_sub = token.add_subparsers(dest="token_command", required=True, parser_class=_Parser)
-    new = token_sub.add_parser("new", help="generate a token and its principal_tokens entry")
-    new.add_argument("--token-ref", required=True, help="unique name of this token (app, use)")
-    new.add_argument("--principal-ref", required=True, help="who the token belongs to")
-    new.add_argument("--alias", help="display name of the principal")
-    new.add_argument("--json", action="store_true")
+    token = sub.add_parser(
+        "token",
+        help="principal and admin tokens",
+        description="Make principal and admin tokens.",
+    )
+    token_sub = _subcommands(token, "token_command")
+    new = token_sub.add_parser(
+        "new",
+        help="generate a token and its principal_tokens entry",
+        description="Generate a principal token (printed once) and its "
+        "openai.principal_tokens entry, which holds only its hash.",
+    )
+    new.add_argument(
+        "--token-ref", metavar="NAME", required=True, help="unique name of this token (app, use)"
+    )
+    new.add_argument(
+        "--principal-ref", metavar="NAME", required=True, help="who the token belongs to"
+    )
+    new.add_argument("--alias", metavar="NAME", help="display name of the principal")
+    new.add_argument("--json", action="store_true", help=_JSON_HELP)
     new.set_defaults(func=cmd_token_new)
     admin = token_sub.add_parser(
-        "admin", help="generate an admin token and its console.admin_token_sha256"
+        "admin",
+        help="generate an admin token and its console.admin_token_sha256",
+        description="Generate an admin token (printed once) and its hash for "
+        "console.admin_token_sha256.",
     )
-    admin.add_argument("--json", action="store_true")
+    admin.add_argument("--json", action="store_true", help=_JSON_HELP)
     admin.set_defaults(func=cmd_token_admin)
     return parser
 

@@ -60,7 +60,9 @@ from iop_edge.config_file import (
     LOAD_DEADLINE,
     ConfigSnapshot,
     candidate_snapshot,
+    read_secret_file,
     snapshot_config_file,
+    variables,
 )
 from iop_edge.config_watch import ConfigWatch, InotifyUnavailable, WatchStatistics
 from iop_edge.errors import ConfigError, ConfigProblem
@@ -212,15 +214,18 @@ class Supervisor:
         assert result is not None  # a forced run always runs
         return result
 
-    async def judge(self, data: bytes, source: str) -> RefreshResult:
+    async def judge(self, data: bytes, source: str, *, refuse: str | None = None) -> RefreshResult:
         """Dry-run the candidate ``data`` (a config file's bytes, named ``source`` in its
         errors) against the running config, as a refresh of the file would judge it: same
-        limits, same deadline, ``${VAR}`` expanded from the daemon's environment. Nothing is
-        applied, recorded or notified, and the config file is neither read nor remembered as
-        judged; never raises."""
+        limits, same deadline, ``${VAR}`` and ``${file:}`` resolved as for the daemon's own
+        file — unless ``refuse`` says why not: then every reference is a problem, and neither
+        the environment nor any file is read. No value the daemon took from its environment
+        or a file is in the result (:mod:`iop_edge.config.provenance`). Nothing is applied,
+        recorded or notified, and the config file is neither read nor remembered as judged;
+        never raises."""
         snapshot = candidate_snapshot(source, data)
         async with self._lock:
-            result = await self._run("api", "dry_run", force=True, snapshot=snapshot)
+            result = await self._run("api", "dry_run", force=True, snapshot=snapshot, refuse=refuse)
         assert result is not None  # a forced run always runs
         return result
 
@@ -336,6 +341,7 @@ class Supervisor:
         *,
         force: bool,
         snapshot: ConfigSnapshot | None = None,
+        refuse: str | None = None,
     ) -> RefreshResult | None:
         """One refresh; ``None`` when not forced and the file's bytes are unchanged."""
         if snapshot is None:
@@ -347,13 +353,13 @@ class Supervisor:
             self._notifier.reloading()
         self.runs += 1
         try:
-            result = await self._judge(snapshot, mode)
+            result = await self._judge(snapshot, mode, refuse)
         except Exception as exc:  # a bug must not leave RELOADING=1 or kill the caller
             self._log_failure("config_refresh_failed", exc, trigger=trigger)
             reason = (
                 f"the refresh failed with an internal error ({type(exc).__name__}: {exc}); "
                 "nothing was applied and the running config keeps serving"
-            )
+            )  # (scrubbed by rejected(), like every message)
             result = self._rejected(mode, reason).result
         record = RefreshRecord(trigger=trigger, at=time.time(), result=result)
         if mode == "apply":
@@ -361,17 +367,26 @@ class Supervisor:
             self._notifier.ready(status_line(self))
         return result
 
-    async def _judge(self, snapshot: ConfigSnapshot, mode: str) -> RefreshResult:
+    async def _judge(
+        self, snapshot: ConfigSnapshot, mode: str, refuse: str | None = None
+    ) -> RefreshResult:
         """Load and classify ``snapshot`` in a worker thread under the deadline; apply it."""
         running, running_hash = self.running, self.running_hash
 
         def classify() -> RefreshOutcome:
             try:
                 text = snapshot.text()
+                env = {} if refuse is not None else variables(self._env)  # reads --env-file
             except ConfigError as exc:
                 return rejected(running, mode, exc.problems, running_hash)
             return self.options.classify(
-                running, text, mode=mode, env=self._env, source=snapshot.path
+                running,
+                text,
+                mode=mode,
+                env=env,
+                read_file=None if refuse is not None else read_secret_file,
+                refuse=refuse,
+                source=snapshot.path,
             )
 
         try:
@@ -447,11 +462,13 @@ class Supervisor:
         return rejected(self.running, mode, [ConfigProblem("", message)], self.running_hash)
 
     def _log_failure(self, event: str, exc: BaseException, **fields: Any) -> None:
-        """Log an unexpected exception with its traceback (as text: one JSON line)."""
+        """Log an unexpected exception with its traceback (as text: one JSON line), without
+        the values the running config took from its environment or files."""
+        scrub = self.running.provenance.scrub_text
         self._log.error(
             event,
-            error=f"{type(exc).__name__}: {exc}",
-            exception="".join(traceback.format_exception(exc)),
+            error=scrub(f"{type(exc).__name__}: {exc}"),
+            exception=scrub("".join(traceback.format_exception(exc))),
             **fields,
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from iop_edge.cli import format_status
+from iop_edge.cli import format_status, main
 from iop_edge.config import dump_config, load_config, parse_config
 from iop_edge.config.refresh import config_hash
 
@@ -419,3 +420,78 @@ def test_status_names_ejected_held_and_half_open_providers_and_panicking_models(
     assert "gpu/ok" not in text.split("\n\n")[-2]  # a healthy provider needs no line
     assert "model chat: PANIC" in text
     assert "failovers 2" in text
+
+
+def test_payload_redacts_secrets_unless_asked_to_show_them(tmp_path):
+    """Issue 25 item 3: ``config payload`` hides what ``config show`` hides (header values, a
+    URL's password and query) and every value taken from the environment or a file;
+    ``--show-secrets`` prints them in clear."""
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-from-a-file-4b1d\n")
+    doc = yaml.safe_load(Path(SHIPPED).read_text())
+    doc["nodes"][0]["adapters"].append(
+        {
+            "name": "hosted",
+            "type": "openai_compat",
+            "base_url": "https://user:url-password-71c@${API_HOST}/v1?key=query-secret-9e2",
+            "headers": {"Authorization": "Bearer ${API_KEY}", "X-Key": f"${{file:{key_file}}}"},
+        }
+    )
+    doc["nodes"][0]["alias"] = "${NODE_ALIAS}"
+    path = tmp_path / "edge.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = {"API_HOST": "api.host-secret.example", "API_KEY": "sk-env-8c2f", "NODE_ALIAS": "al-5d"}
+    secrets = [
+        "url-password-71c",
+        "query-secret-9e2",
+        "api.host-secret.example",
+        "sk-env-8c2f",
+        "sk-from-a-file-4b1d",
+        "al-5d",
+    ]
+    shown = run("config", "payload", "--node", "local", "--config", str(path), env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert [s for s in secrets if s in shown.stdout] == []
+    payload = json.loads(shown.stdout)
+    hosted = next(a for a in payload["adapters"] if a["name"] == "hosted")
+    assert hosted["execution"]["headers"] == {"Authorization": "<redacted>", "X-Key": "<redacted>"}
+    assert hosted["execution"]["base_url"] == "https://user:<redacted>@<redacted>/v1?key=<redacted>"
+    assert payload["alias"] == "<redacted>"
+    clear = run(
+        "config", "payload", "--node", "local", "--config", str(path), "--show-secrets", env=env
+    )
+    assert clear.returncode == 0, clear.stderr
+    assert [s for s in secrets if s not in clear.stdout] == []
+
+
+def help_text(*words: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main([*words, "--help"])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_every_help_is_plain_text_with_placeholders_that_say_what_goes_there(capsys):
+    """Issue 25 item 5: no reStructuredText markup (backticks), no argparse dest names (the
+    ``{serve,status,...}`` choice list, ``--config CONFIG``, ``--token-ref TOKEN_REF``, a
+    positional's ``file``) in the help of any command; the commands are found by reading the
+    help itself."""
+    helps: dict[tuple[str, ...], str] = {}
+    todo: list[tuple[str, ...]] = [()]
+    while todo:
+        words = todo.pop()
+        text = helps[words] = help_text(*words, capsys=capsys)
+        todo += [
+            (*words, name) for name in re.findall(r"^ {4}([a-z][a-z-]*)(?: {2,}|$)", text, re.M)
+        ]
+    assert {w[-1] for w in helps if w} >= {"serve", "restart", "payload", "refresh", "admin"}
+    for words, text in helps.items():
+        where = " ".join(("iop-edge", *words))
+        assert "`" not in text, where
+        assert re.search(r"\{[\w-]+(?:,[\w-]+)+\}", text) is None, where
+        for option, placeholder in re.findall(r"(--[a-z][a-z-]*) ([A-Za-z_.]+)", text):
+            assert placeholder != option[2:].replace("-", "_").upper(), (where, option)
+        # a positional's dest is a lower-case word in the usage: only the command's are there
+        usage = text.split("\n\n", 1)[0]
+        words_in_usage = set(re.findall(r"(?<![\w.-])([a-z][a-z_]*)(?![\w-])", usage))
+        assert words_in_usage <= {"usage", *words}, (where, usage)

@@ -8,8 +8,12 @@
   answer is the refresh result (any other mode is ``rejected``). With a JSON body
   ``{"candidate": TEXT, "source": NAME}`` and ``mode=dry_run`` the candidate TEXT is judged
   against the running config instead (``iop-edge config refresh --candidate FILE``): the file
-  is not read, nothing is applied. A body with any other mode is 400 ``invalid_request_error``
-  (``param: mode``); a body over :data:`MAX_CANDIDATE_BODY` bytes is 413.
+  is not read, nothing is applied. Without ``console.admin_token_sha256``, each ``${VAR}`` or
+  ``${file:}`` of a candidate is a problem (the result is ``rejected``): a tokenless console
+  is not a way to read the daemon's environment. No answer shows a value the daemon took from
+  its environment or a file (``<redacted>``, whatever the field). A body with any other mode
+  is 400 ``invalid_request_error`` (``param: mode``); a body over :data:`MAX_CANDIDATE_BODY`
+  bytes is 413.
 - ``POST /admin/restart``: hand over to a new process (:mod:`iop_edge.handover`).
 
 Every request passes the same checks first (a middleware, so unknown paths too), each refusal
@@ -52,6 +56,14 @@ _JSON = "application/json"
 MAX_CANDIDATE_BODY = 2 * MAX_FILE_BYTES + 64 * 1024
 #: The longest ``source`` name of a candidate (it appears in error messages).
 MAX_SOURCE_LENGTH = 1024
+#: Why a candidate's references are not resolved by a console without an admin token.
+NO_TOKEN_NO_EXPANSION = (
+    "this console has no admin token (console.admin_token_sha256), so a candidate's "
+    "variables and files are not read from the daemon's environment; set "
+    "console.admin_token_sha256 (iop-edge token admin) and send the token, or judge the "
+    "candidate offline: iop-edge config refresh --offline RUNNING.yaml --candidate FILE, in "
+    "a shell that has the variables"
+)
 
 
 class AdminAPI:
@@ -218,7 +230,12 @@ class AdminAPI:
                 text, source = await _candidate(request, mode)
             except RequestError as exc:
                 return _refusal(exc)
-            result = await self.supervisor.judge(text.encode("utf-8"), source)
+            # Without an admin token any local process may call this: a candidate must not be
+            # a way to read the daemon's environment or files (even redacted, the sorted ids
+            # and uniqueness rules would leak a value bit by bit). A token holder can restart
+            # the daemon with any config anyway: for them, expansion with redaction is enough.
+            refuse = None if self.token.enabled else NO_TOKEN_NO_EXPANSION
+            result = await self.supervisor.judge(text.encode("utf-8"), source, refuse=refuse)
         return web.Response(body=orjson.dumps(result.to_json()), content_type=_JSON)
 
 

@@ -1,12 +1,15 @@
 """Load ``edge.yaml`` text into an effective :class:`~iop_edge.config.schema.EdgeConfig`.
 
-Pure: the caller hands over the text and the environment; nothing here reads files or the clock.
+Pure: the caller hands over the text, the environment and a file reader; nothing here reads
+files or the clock.
 
 Steps, each reporting every problem it finds before the load fails:
 
 1. YAML → Python (safe loader; a syntax error or a duplicate key gives the line and column;
    nesting depth, expanded size and integer range are bounded: :mod:`iop_edge.config.limits`).
-2. ``${VAR}`` / ``${VAR:-default}`` expansion in string values (``$$`` is a literal ``$``).
+2. ``${VAR}`` / ``${VAR:-default}`` / ``${file:/abs/path}`` expansion in string values (``$$``
+   is a literal ``$``; files are read through a reader the caller injects), recording the
+   values taken from outside the text (:mod:`iop_edge.config.provenance`).
 3. Legacy shapes normalized (the single-instance adapter mapping → named instances,
    a bare provider id in ``models[].providers`` → ``{id: ...}``).
 4. The schema (types, ranges, unknown keys).
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, get_args
 
 import yaml
@@ -26,12 +29,18 @@ from pydantic import BaseModel, ValidationError
 
 from iop_edge.config import paths
 from iop_edge.config.limits import MAX_DEPTH, check_node_graph, check_values
+from iop_edge.config.provenance import Provenance
 from iop_edge.config.redact import ARGS_KEYS, REDACTED, SECRET_KEYS, SECRET_MAPS, redact_text
 from iop_edge.config.schema import UNION_TAGS, EdgeConfig, _show
 from iop_edge.config.validate import validate_config
 from iop_edge.errors import ConfigError, ConfigProblem
 
-_ENV_RE: Final = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+#: ``$$``, ``${file:/path}`` (not ``${file:-default}``: that is a variable named ``file``),
+#: ``${VAR}`` and ``${VAR:-default}``.
+_REF_RE: Final = re.compile(
+    r"\$\$|\$\{(?:file:(?!-)(?P<file>[^}]*)"
+    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?)\}"
+)
 
 _BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 #: Keys whose values a message never quotes: the value may be (or hold) a secret (redact.py).
@@ -96,43 +105,133 @@ def parse_yaml(text: str, *, source: str = "edge.yaml") -> Any:
         loader.dispose()
 
 
-def expand_env(data: Any, env: Mapping[str, str], problems: list[ConfigProblem]) -> Any:
-    """Expand ``${VAR}`` and ``${VAR:-default}`` in every string value of a parsed document.
+class UnreadableFile(Exception):
+    """What a :data:`FileReader` raises: the file cannot be used; the message says why."""
 
-    A variable that is unset and has no default is reported at the path of the value.
-    Expansion yields text only: use it for secrets, hosts and URLs.
-    """
 
-    def expand(value: Any, loc: tuple[str | int, ...]) -> Any:
+#: Reads the file of a ``${file:/path}`` reference (the shell's seam: this package reads no
+#: files): its text, or :class:`UnreadableFile`.
+FileReader = Callable[[str], str]
+
+
+class _Expander:
+    """One expansion of a parsed document (:func:`expand_env`), keeping what it found: the
+    values it substituted (``found``), the problems, and each reference it left in place
+    (``unresolved``: its path and its text, which stays in the value as a placeholder)."""
+
+    def __init__(
+        self,
+        data: Any,
+        env: Mapping[str, str],
+        problems: list[ConfigProblem],
+        read_file: FileReader | None,
+        refuse: str | None,
+    ) -> None:
+        self.raw = data
+        self.env = env
+        self.problems = problems
+        self.read_file = read_file
+        self.refuse = refuse
+        self.found: set[str] = set()
+        self.unresolved: list[tuple[str, str]] = []
+        self._files: dict[str, str | UnreadableFile] = {}  # one read per file per load
+
+    def expand(self, value: Any, loc: tuple[str | int, ...] = ()) -> Any:
         if isinstance(value, str):
             if "$" not in value:
                 return value
-
-            def substitute(match: re.Match[str]) -> str:
-                if match.group(0) == "$$":
-                    return "$"
-                name, default = match.group(1), match.group(2)
-                if name in env:
-                    return env[name]
-                if default is not None:
-                    return default
-                problems.append(
-                    ConfigProblem(
-                        paths.render_loc(loc, data),
-                        f"environment variable {name} is not set; set it (for example in the "
-                        f"service's EnvironmentFile) or write ${{{name}:-default}}",
-                    )
-                )
-                return ""
-
-            return _ENV_RE.sub(substitute, value)
+            return _REF_RE.sub(lambda match: self._substitute(match, loc), value)
         if isinstance(value, dict):
-            return {k: expand(v, (*loc, str(k))) for k, v in value.items()}
+            return {k: self.expand(v, (*loc, str(k))) for k, v in value.items()}
         if isinstance(value, list):
-            return [expand(item, (*loc, i)) for i, item in enumerate(value)]
+            return [self.expand(item, (*loc, i)) for i, item in enumerate(value)]
         return value
 
-    return expand(data, ())
+    def _substitute(self, match: re.Match[str], loc: tuple[str | int, ...]) -> str:
+        reference = match.group(0)
+        if reference == "$$":
+            return "$"
+        if self.refuse is not None:
+            return self._unresolved(loc, reference, f"{reference} is not expanded: {self.refuse}")
+        path = match.group("file")
+        if path is not None:
+            return self._file(loc, reference, path)
+        name, default = match.group("name"), match.group("default")
+        if name in self.env:
+            value = self.env[name]
+            self.found.add(value)
+            return value
+        if default is not None:
+            return default
+        return self._unresolved(
+            loc,
+            reference,
+            f"environment variable {name} is not set; set it in the daemon's environment "
+            f"(for example in the file of iop-edge serve --env-file) or write "
+            f"${{{name}:-default}}",
+        )
+
+    def _file(self, loc: tuple[str | int, ...], reference: str, path: str) -> str:
+        if "$" in path:
+            why = (
+                "a file path is taken as written, without ${VAR} in it; write the absolute "
+                "path (for a systemd credential: /run/credentials/iop-edge.service/NAME)"
+            )
+        elif not path.startswith("/"):
+            why = f"the path {path!r} is not absolute; write the file's absolute path"
+        elif self.read_file is None:
+            why = "files are not read here"
+        else:
+            if path not in self._files:
+                try:
+                    self._files[path] = self.read_file(path)
+                except UnreadableFile as exc:
+                    self._files[path] = exc
+            text = self._files[path]
+            if isinstance(text, str):
+                self.found.add(text)
+                return text
+            why = str(text)
+        return self._unresolved(loc, reference, f"cannot read {reference}: {why}")
+
+    def _unresolved(self, loc: tuple[str | int, ...], reference: str, message: str) -> str:
+        path = paths.render_loc(loc, self.raw)
+        self.problems.append(ConfigProblem(path, message))
+        self.unresolved.append((path, reference))
+        return reference  # the placeholder: later problems about it are recognized by it
+
+    def restates(self, problem: ConfigProblem) -> bool:
+        """Whether a later problem only restates an unresolved reference: it is at the
+        reference's path, or its message quotes the placeholder."""
+        return any(
+            problem.path == path or reference in problem.message
+            for path, reference in self.unresolved
+        )
+
+
+def expand_env(
+    data: Any,
+    env: Mapping[str, str],
+    problems: list[ConfigProblem],
+    *,
+    read_file: FileReader | None = None,
+    refuse: str | None = None,
+    found: set[str] | None = None,
+) -> Any:
+    """Expand ``${VAR}``, ``${VAR:-default}`` and ``${file:/abs/path}`` in every string value
+    of a parsed document.
+
+    A variable that is unset and has no default, or a file that cannot be read (through
+    ``read_file``: no reader, no file), is reported at the path of the value and left in
+    place. With ``refuse`` (why), no reference is expanded: each one is a problem. The values
+    substituted from the environment or a file are added to ``found`` (a default is not).
+    Expansion yields text only: use it for secrets, hosts and URLs.
+    """
+    expander = _Expander(data, env, problems, read_file, refuse)
+    expanded = expander.expand(data)
+    if found is not None:
+        found |= expander.found
+    return expanded
 
 
 def normalize_legacy_shapes(data: dict[str, Any]) -> dict[str, Any]:
@@ -225,8 +324,21 @@ def _holds_secret(loc: tuple[str | int, ...]) -> bool:
     return loc[-1:] != ("[key]",) and any(part in _SECRET_HOLDERS for part in loc)
 
 
-def parse_config(data: Any, *, env: Mapping[str, str] | None = None) -> EdgeConfig:
-    """Validate an already-parsed document into an effective config, or raise ConfigError."""
+def parse_config(
+    data: Any,
+    *,
+    env: Mapping[str, str] | None = None,
+    read_file: FileReader | None = None,
+    refuse: str | None = None,
+) -> EdgeConfig:
+    """Validate an already-parsed document into an effective config, or raise ConfigError.
+
+    ``env`` and ``read_file`` resolve the references (:func:`expand_env`); with ``refuse``,
+    every reference is a problem. An unresolved reference does not hide the other problems:
+    the load goes on with the reference as a placeholder, and drops the problems that only
+    restate it. The config records the values it took from outside (its
+    :attr:`~EdgeConfig.provenance`), and no problem message or path shows one of them.
+    """
     if data is None:
         raise ConfigError([ConfigProblem("", "the config is empty; it must be a YAML mapping")])
     if not isinstance(data, dict):
@@ -236,9 +348,26 @@ def parse_config(data: Any, *, env: Mapping[str, str] | None = None) -> EdgeConf
     problems = check_values(data)
     if problems:
         raise ConfigError(problems)
-    data = expand_env(data, env or {}, problems)
-    if problems:
-        raise ConfigError(problems)
+    expander = _Expander(data, env or {}, problems, read_file, refuse)
+    data = expander.expand(data)
+    provenance = Provenance(expander.found)
+    config = None
+    try:
+        config = _effective(data)
+    except ConfigError as exc:
+        problems += [p for p in exc.problems if not expander.restates(p)]
+    if problems or config is None:
+        raise ConfigError(
+            [
+                ConfigProblem(provenance.scrub_text(p.path), provenance.scrub_text(p.message))
+                for p in problems
+            ]
+        )
+    return config.with_provenance(provenance) if provenance else config
+
+
+def _effective(data: dict[str, Any]) -> EdgeConfig:
+    """The effective config of an expanded document: legacy shapes, schema, rules."""
     data = normalize_legacy_shapes(data)
     try:
         config = EdgeConfig.model_validate(data)
@@ -254,10 +383,18 @@ def parse_config(data: Any, *, env: Mapping[str, str] | None = None) -> EdgeConf
 
 
 def load_config(
-    text: str, *, env: Mapping[str, str] | None = None, source: str = "edge.yaml"
+    text: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    read_file: FileReader | None = None,
+    refuse: str | None = None,
+    source: str = "edge.yaml",
 ) -> EdgeConfig:
-    """Load YAML text into an effective config; raise :class:`ConfigError` listing every problem."""
-    return parse_config(parse_yaml(text, source=source), env=env)
+    """Load YAML text into an effective config; raise :class:`ConfigError` listing every problem
+    (the references as in :func:`parse_config`)."""
+    return parse_config(
+        parse_yaml(text, source=source), env=env, read_file=read_file, refuse=refuse
+    )
 
 
 def dump_config(config: EdgeConfig) -> dict[str, Any]:

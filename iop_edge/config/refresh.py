@@ -32,7 +32,8 @@ from typing import Any, Final, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from iop_edge.config.load import load_config
+from iop_edge.config.load import FileReader, load_config
+from iop_edge.config.provenance import Provenance
 from iop_edge.config.redact import SECRET_MAPS, SECRET_VALUE, redact
 from iop_edge.config.schema import EdgeConfig, Node
 from iop_edge.config.validate import validate_config
@@ -354,13 +355,20 @@ def refresh(
     *,
     mode: str = "dry_run",
     env: Mapping[str, str] | None = None,
+    read_file: FileReader | None = None,
+    refuse: str | None = None,
     source: str = "edge.yaml",
 ) -> RefreshOutcome:
     """Classify ``candidate`` (an effective config, or YAML text) against ``running``.
 
     ``dry_run`` reports what would happen and applies nothing (every ``applied`` is false);
     ``apply`` returns, as :attr:`RefreshOutcome.running`, the config to run from now on — the old
-    config plus its live changes, when that combination is valid.
+    config plus its live changes, when that combination is valid. Text is loaded with ``env``,
+    ``read_file`` and ``refuse`` (:func:`~iop_edge.config.load.load_config`).
+
+    No value either config took from the environment or a file (their provenance) appears
+    in the result, whatever field it is in: report values, paths, ids and messages are
+    scrubbed (:mod:`iop_edge.config.provenance`).
     """
     running_hash = config_hash(running)
     if mode not in MODES:
@@ -368,7 +376,9 @@ def refresh(
         return rejected(running, mode, [error], running_hash)
     if isinstance(candidate, str):
         try:
-            candidate = load_config(candidate, env=env, source=source)
+            candidate = load_config(
+                candidate, env=env, read_file=read_file, refuse=refuse, source=source
+            )
         except ConfigError as exc:
             return rejected(running, mode, exc.problems, running_hash)
 
@@ -377,9 +387,11 @@ def refresh(
     live = [e for e in diff.entries if e.change_class == "live"]
     errors: list[RefreshError] = []
     merged = running
+    provenance = running.provenance | candidate.provenance
     if live:
         try:
-            merged = validate_config(apply_live(running, candidate))
+            # The running config holds values of both now: it keeps both provenances.
+            merged = validate_config(apply_live(running, candidate)).with_provenance(provenance)
         except ConfigError as exc:
             merged = running
             errors = [
@@ -407,7 +419,17 @@ def refresh(
         config_hash=config_hash(after) if after is not running else running_hash,
         candidate_hash=config_hash(candidate),
     )
-    return RefreshOutcome(result=result, running=after, candidate=candidate)
+    return RefreshOutcome(result=scrubbed(result, provenance), running=after, candidate=candidate)
+
+
+def scrubbed(result: RefreshResult, provenance: Provenance) -> RefreshResult:
+    """``result`` with every value of ``provenance`` hidden (the hashes are left alone: they
+    are digests, not text of the config)."""
+    if not provenance:
+        return result
+    hashes = {"config_hash": result.config_hash, "candidate_hash": result.candidate_hash}
+    data = provenance.scrub(result.model_dump(mode="json", by_alias=True, exclude=set(hashes)))
+    return RefreshResult.model_validate({**data, **hashes})
 
 
 def rejected(
@@ -416,11 +438,14 @@ def rejected(
     problems: Iterable[ConfigProblem],
     running_hash: str | None = None,
 ) -> RefreshOutcome:
-    """The outcome of a refused candidate: ``rejected`` with every problem, nothing applied."""
+    """The outcome of a refused candidate: ``rejected`` with every problem, nothing applied
+    (no value of the running config's provenance shown)."""
     result = RefreshResult(
         mode=mode,
         result="rejected",
         errors=[RefreshError(path=p.path, message=p.message) for p in problems],
         config_hash=running_hash or config_hash(running),
     )
-    return RefreshOutcome(result=result, running=running, candidate=None)
+    return RefreshOutcome(
+        result=scrubbed(result, running.provenance), running=running, candidate=None
+    )

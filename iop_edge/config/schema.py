@@ -23,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Strict,
     StrictBool,
     Tag,
@@ -30,6 +31,7 @@ from pydantic import (
 )
 
 from iop_edge.config.address import ListenAddress
+from iop_edge.config.provenance import NO_PROVENANCE, Provenance
 
 # --- field validators -----------------------------------------------------------------------
 
@@ -594,3 +596,18 @@ class EdgeConfig(_Section):
     provider_pool: ProviderPool = ProviderPool()
     models: tuple[ModelGroup, ...] = ()
     nodes: tuple[Node, ...] = ()
+
+    # Not a field: equality, hash, dumps and the config hash never see it (provenance.py).
+    _provenance: Provenance = PrivateAttr(default=NO_PROVENANCE)
+
+    @property
+    def provenance(self) -> Provenance:
+        """The values this config took from the environment or from files, never to be shown
+        (:mod:`iop_edge.config.provenance`); empty for a config built from values alone."""
+        return self._provenance
+
+    def with_provenance(self, provenance: Provenance) -> EdgeConfig:
+        """This config, recorded as holding ``provenance``'s values (a copy, equal to it)."""
+        copy = self.model_copy()
+        copy._provenance = provenance
+        return copy

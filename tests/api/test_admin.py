@@ -274,7 +274,7 @@ async def test_the_admin_api_and_the_cli_report_the_same_refresh(tmp_path):
 
 
 def candidate_doc(capacity: int = 1, **root: Any) -> dict[str, Any]:
-    doc = admin_doc()
+    doc = admin_doc(admin_token_sha256=hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest())
     doc["nodes"][0]["providers"][0]["capacity"] = capacity
     doc.update(root)
     return doc
@@ -287,7 +287,9 @@ def report(result: dict[str, Any]) -> list[tuple[str, str, Any, Any, bool]]:
 async def test_a_candidate_in_the_body_is_judged_against_the_live_state_not_the_file(tmp_path):
     """``mode=dry_run`` with ``{"candidate": TEXT}``: TEXT is compared with what runs (not with
     the file on disk, which here holds an unapplied edit), ``${VAR}`` is expanded from the
-    daemon's environment, and nothing is applied, recorded, or read from the file."""
+    daemon's environment (a console with an admin token; the value is shown redacted), and
+    nothing is applied, recorded, or read from the file."""
+    token = bearer(ADMIN_TOKEN)
     async with admin_edge(tmp_path, candidate_doc(), env={"TEAM_LABEL": "Echo (prod)"}) as daemon:
         path = tmp_path / "edge.yaml"
         path.write_text(yaml.safe_dump(candidate_doc(capacity=7)))  # saved, never applied
@@ -299,6 +301,7 @@ async def test_a_candidate_in_the_body_is_judged_against_the_live_state_not_the_
             daemon,
             "POST",
             "/admin/config/refresh?mode=dry_run",
+            token,
             json={"candidate": text, "source": "staging/edge.yaml"},
         )
         assert status == 200, result
@@ -309,7 +312,7 @@ async def test_a_candidate_in_the_body_is_judged_against_the_live_state_not_the_
         )
         assert report(result) == [
             ("logging.level", "restart", "info", "debug", False),
-            ("models[echo].display_name", "live", None, "Echo (prod)", False),
+            ("models[echo].display_name", "live", None, "<redacted>", False),
             ("nodes[n1].providers[cat].capacity", "live", 1, 3, False),
             ("nodes[n1].providers[cat].long_context_capacity", "live", 1, 3, False),
         ]
@@ -321,7 +324,7 @@ async def test_a_candidate_in_the_body_is_judged_against_the_live_state_not_the_
         assert daemon.supervisor.generation == 1
         assert path.read_bytes() == on_disk
         # The file is still judged as new by a refresh of it: the candidate was not taken for it.
-        status, from_file = await call(daemon, "POST", "/admin/config/refresh?mode=dry_run")
+        status, from_file = await call(daemon, "POST", "/admin/config/refresh?mode=dry_run", token)
         assert report(from_file) == [
             ("nodes[n1].providers[cat].capacity", "live", 1, 7, False),
             ("nodes[n1].providers[cat].long_context_capacity", "live", 1, 7, False),
@@ -331,6 +334,7 @@ async def test_a_candidate_in_the_body_is_judged_against_the_live_state_not_the_
             daemon,
             "POST",
             "/admin/config/refresh",
+            token,
             json={"candidate": "models: [\n", "source": "staging/edge.yaml"},
         )
         assert (status, bad["result"]) == (200, "rejected")
@@ -338,7 +342,11 @@ async def test_a_candidate_in_the_body_is_judged_against_the_live_state_not_the_
         # An unset variable is reported as the daemon sees it (its environment, not the client's).
         candidate["models"][0]["display_name"] = "${NOT_IN_THE_DAEMONS_ENV}"
         status, unset = await call(
-            daemon, "POST", "/admin/config/refresh", json={"candidate": yaml.safe_dump(candidate)}
+            daemon,
+            "POST",
+            "/admin/config/refresh",
+            token,
+            json={"candidate": yaml.safe_dump(candidate)},
         )
         assert unset["result"] == "rejected"
         assert unset["errors"][0]["path"] == "models[echo].display_name"
@@ -349,7 +357,11 @@ async def test_a_candidate_with_mode_apply_is_refused_and_nothing_runs(tmp_path)
     async with admin_edge(tmp_path, candidate_doc()) as daemon:
         text = yaml.safe_dump(candidate_doc(capacity=3))
         status, body = await call(
-            daemon, "POST", "/admin/config/refresh?mode=apply", json={"candidate": text}
+            daemon,
+            "POST",
+            "/admin/config/refresh?mode=apply",
+            bearer(ADMIN_TOKEN),
+            json={"candidate": text},
         )
         assert (status, body["error"]["code"], body["error"]["param"]) == (
             400,
@@ -382,7 +394,7 @@ async def test_a_malformed_candidate_body_is_400_naming_the_field(tmp_path, data
             daemon,
             "POST",
             "/admin/config/refresh?mode=dry_run",
-            {"Content-Type": "application/json"},
+            {"Content-Type": "application/json", **bearer(ADMIN_TOKEN)},
             data=data,
         )
         assert (status, body["error"]["code"], body["error"]["param"]) == (
@@ -407,7 +419,7 @@ async def test_a_candidate_is_held_to_the_config_files_size_limit(tmp_path):
             daemon,
             "POST",
             "/admin/config/refresh",
-            {"Content-Type": "application/json"},
+            {"Content-Type": "application/json", **bearer(ADMIN_TOKEN)},
             data=io.BytesIO(body),
         )
         assert (status, result["result"]) == (200, "rejected")
@@ -420,7 +432,7 @@ async def test_a_candidate_is_held_to_the_config_files_size_limit(tmp_path):
             daemon,
             "POST",
             "/admin/config/refresh",
-            {"Content-Type": "application/json"},
+            {"Content-Type": "application/json", **bearer(ADMIN_TOKEN)},
             data=io.BytesIO(huge),
         )
         assert (status, body["error"]["code"]) == (413, "request_too_large")
@@ -429,8 +441,9 @@ async def test_a_candidate_is_held_to_the_config_files_size_limit(tmp_path):
 
 async def test_refresh_candidate_from_the_cli_says_would_apply_and_uses_the_daemons_env(tmp_path):
     """``iop-edge config refresh --candidate FILE``: the daemon judges FILE (its ``${VAR}``
-    from the daemon's environment: the CLI's has none); the table says what *would* happen;
-    ``--apply`` with ``--candidate`` is a usage error; the daemon's file is untouched."""
+    from the daemon's environment: the CLI's has none; shown redacted); the table says what
+    *would* happen; ``--apply`` with ``--candidate`` is a usage error; the daemon's file is
+    untouched."""
     async with admin_edge(tmp_path, candidate_doc(), env={"TEAM_LABEL": "prod"}) as daemon:
         url = daemon.console_url
         live = candidate_doc(capacity=3)
@@ -441,7 +454,13 @@ async def test_refresh_candidate_from_the_cli_says_would_apply_and_uses_the_daem
 
         async def run(*args: str) -> subprocess.CompletedProcess[str]:
             return await asyncio.to_thread(
-                cli, "config", "refresh", "--console", url, *args, env={"TEAM_LABEL": ""}
+                cli,
+                "config",
+                "refresh",
+                "--console",
+                url,
+                *args,
+                env={"TEAM_LABEL": "", "IOP_EDGE_ADMIN_TOKEN": ADMIN_TOKEN},
             )
 
         result = await run("--candidate", str(tmp_path / "live.yaml"))
@@ -451,7 +470,7 @@ async def test_refresh_candidate_from_the_cli_says_would_apply_and_uses_the_daem
         header = next(line for line in lines if line.startswith("CLASS"))
         assert header.split()[:3] == ["CLASS", "WOULD", "APPLY"]
         row = next(line for line in lines if "display_name" in line)
-        assert row.split() == ["live", "yes", "models[echo].display_name", "-", "prod"]
+        assert row.split() == ["live", "yes", "models[echo].display_name", "-", "<redacted>"]
         restart = await run("--dry-run", "--candidate", str(tmp_path / "restart.yaml"), "--json")
         assert restart.returncode == 3
         assert json.loads(restart.stdout)["report"][0]["path"] == "edge.id"

@@ -76,8 +76,8 @@ def test_a_missing_environment_variable_is_an_error_naming_it_at_its_path():
     )
     assert load_problems(text, env={}) == [
         "nodes[local].adapters[shell].headers.Authorization: environment variable API_KEY is "
-        "not set; set it (for example in the service's EnvironmentFile) or write "
-        "${API_KEY:-default}"
+        "not set; set it in the daemon's environment (for example in the file of iop-edge serve "
+        "--env-file) or write ${API_KEY:-default}"
     ]
 
 
@@ -88,6 +88,31 @@ def test_env_expansion_reports_every_missing_variable():
         ("a", "environment variable ONE is not set"),
         ("b[0]", "environment variable TWO is not set"),
     ]
+
+
+def test_an_unset_variable_does_not_hide_the_other_problems():
+    """Issue 25 item 4: the load goes on with a placeholder; a problem that only restates the
+    unset reference (its path, or a message quoting it) is dropped."""
+    text = MINIMAL_YAML.replace("command: cat", "command: '${CMD}'").replace(
+        "{id: cat,", "{id: cat, priority: -1,"
+    )
+    assert load_problems(text) == [
+        "nodes[local].adapters[shell].command: environment variable CMD is not set; set it in "
+        "the daemon's environment (for example in the file of iop-edge serve --env-file) or "
+        "write ${CMD:-default}",
+        "nodes[local].providers[cat].priority: -1 is negative; priority must be >= 0",
+    ]
+    # In an id, the placeholder is no identifier: that restatement is dropped too.
+    text = MINIMAL_YAML.replace("{id: cat,", "{id: '${PROVIDER}',").replace(
+        "providers: [cat]", "providers: ['${PROVIDER}']"
+    )
+    found = load_problems(text)
+    assert [p.split(":")[0] for p in found] == [
+        "models[echo].providers[0]",
+        "nodes[local].providers[${PROVIDER}].id",
+        "models[echo].providers",  # (as for any invalid item: the list holds no valid one)
+    ]
+    assert not any("not a valid identifier" in p for p in found)
 
 
 def test_the_effective_config_dump_loads_back_to_the_same_config():
