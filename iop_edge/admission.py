@@ -9,8 +9,11 @@ health timer.
 
 Health (SPEC §5.1): a lease carries how its attempt ended (:meth:`Lease.succeeded`,
 :meth:`Lease.failed`) into its release; :meth:`AdmissionScheduler.failover` releases a failed
-attempt and waits for a slot on another provider. Probes the core asks for run as tasks through
-the injected ``prober``; health events go to the injected ``on_health``.
+attempt and waits for a slot on another provider (when the provider's ``retry_on`` allows).
+Probes the core asks for — of ejected providers, and once :meth:`AdmissionScheduler.start` ran
+of idle ones — run as tasks through the injected ``prober``, their results fed back to the
+core; health events go to the injected ``on_health``. The same one timer serves deadlines,
+health times and idle checks: nothing is armed per request.
 
 Cancellation safety: a cancelled waiter leaves the queue as soon as its task runs (counted as
 ``client_gone``); a slot granted to a waiter that was cancelled in the same tick is released at
@@ -246,14 +249,15 @@ class AdmissionScheduler:
         self, lease: Lease, failure: Failure, *, retried: Callable[[], None] | None = None
     ) -> Lease | None:
         """The attempt holding ``lease`` failed before the client got a byte: release it with
-        ``failure`` and wait for a slot on a provider the request has not tried.
+        ``failure`` and wait for a slot on a provider the request has not tried — if the
+        failed provider's ``retry_on`` lists the failure's class (a 429 always fails over).
 
         ``retried`` is called once the request has re-entered admission (counted in
         ``statistics().failovers``), before any wait. Returns ``None`` when there is no retry
-        (attempts used up, no untried candidate) or the last untried provider went away while
-        the request waited: the caller returns the failed attempt's error. Raises
-        :class:`AdmissionError` like :meth:`admit` (``queue_timeout`` counts from the request's
-        arrival).
+        (not in ``retry_on``, attempts used up, no untried candidate) or the last untried
+        provider went away while the request waited: the caller returns the failed attempt's
+        error. Raises :class:`AdmissionError` like :meth:`admit` (``queue_timeout`` counts
+        from the request's arrival).
         """
         result = self._core.fail(lease._slot_lease, failure, self._clock.now())
         request = result.request
@@ -268,6 +272,12 @@ class AdmissionScheduler:
             if exc.reason == "no_available_provider":
                 return None
             raise
+
+    def start(self) -> None:
+        """Start probing idle providers (from the running loop, once the daemon serves): every
+        enabled provider with a health check, each ``probe_interval_ms`` without traffic."""
+        self._core.start(self._clock.now())
+        self._rearm()
 
     def inherit(self, key: ProviderKey, *, long_context: bool, principal: str) -> Lease | None:
         """A slot the process this one takes over from still holds (a handover): counted as

@@ -150,7 +150,13 @@ def test_failed_probes_renew_the_ejection_doubled_and_probing_goes_on() -> None:
     assert scheduler.take_events() == [
         (
             key("a"),
-            HealthEvent("ejected", failures=2, reason="GET /models: connection refused", until=3.0),
+            HealthEvent(
+                "ejected",
+                failures=2,
+                reason="GET /models: connection refused",
+                until=3.0,
+                probes_trusted=True,
+            ),
         )
     ]
     a = shown(scheduler, "a")

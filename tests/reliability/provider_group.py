@@ -199,7 +199,7 @@ async def all_released(edge: Edge) -> PoolStatistics:
     await wait_for(lambda: scheduler.statistics().in_flight == 0)
     stats = scheduler.statistics()
     assert (stats.in_flight, stats.double_releases) == (0, 0)
-    assert stats.released == stats.admitted
+    assert stats.released == stats.admitted + stats.inherited
     assert stats.submitted + stats.failovers == (
         stats.admitted + stats.rejected_total + stats.queue_depth
     )
