@@ -198,7 +198,9 @@ class Daemon:
         if event.kind == "ejected":
             trusted = event.probes_trusted
             if trusted is None:
-                message = f"no health check: ejected for the full {left:g} s, then one trial request"
+                message = (
+                    f"no health check: ejected for the full {left:g} s, then one trial request"
+                )
             elif trusted:
                 message = f"ejected for up to {left:g} s: a passing health check ends it early"
             else:
