@@ -197,6 +197,7 @@ class AdmissionScheduler:
         self._timer_at: float | None = None
         self._cancel_timer: Callable[[], None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
+        self._closed = False  # (aclose: no probe starts, no timer is armed any more)
         #: told of every lease released (set during a handover: the successor counts them)
         self.on_release: Callable[[SlotLease], None] | None = None
 
@@ -297,7 +298,11 @@ class AdmissionScheduler:
         self._settle(self._core.apply_policy(policy, self._clock.now()))
 
     async def aclose(self) -> None:
-        """Stop the health probes still running."""
+        """Stop the health probes still running, and start no other (the daemon stops)."""
+        self._closed = True
+        if self._cancel_timer is not None:
+            self._cancel_timer()
+            self._cancel_timer = self._timer_at = None
         probes = list(self._probes)
         for task in probes:
             task.cancel()
@@ -366,6 +371,8 @@ class AdmissionScheduler:
         for subject, event in self._core.take_events():
             if event == PROBE:
                 assert isinstance(subject, tuple)
+                if self._closed:
+                    continue
                 task = asyncio.get_running_loop().create_task(self._probe(subject))
                 self._probes.add(task)
                 task.add_done_callback(self._probes.discard)
@@ -387,7 +394,11 @@ class AdmissionScheduler:
         for nothing, which is cheaper than re-arming on every dispatch.
         """
         deadline = self._core.next_event()
-        if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
+        if (
+            deadline is None
+            or self._closed
+            or (self._timer_at is not None and self._timer_at <= deadline)
+        ):
             return
         if self._cancel_timer is not None:
             self._cancel_timer()
