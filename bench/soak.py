@@ -285,7 +285,7 @@ async def memory_run(args: argparse.Namespace) -> dict[str, Any]:
         leaks = {
             "in_flight": in_flight,
             "queue_depth": status["queue"]["depth"],
-            "unreleased": counters["admitted"] - counters["released"],
+            "unreleased": counters["admitted"] + counters["inherited"] - counters["released"],
             "double_releases": counters["double_releases"],
             "child_processes": len(children_of(daemon.pid)),
         }

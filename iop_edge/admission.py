@@ -9,8 +9,11 @@ health timer.
 
 Health (SPEC §5.1): a lease carries how its attempt ended (:meth:`Lease.succeeded`,
 :meth:`Lease.failed`) into its release; :meth:`AdmissionScheduler.failover` releases a failed
-attempt and waits for a slot on another provider. Probes the core asks for run as tasks through
-the injected ``prober``; health events go to the injected ``on_health``.
+attempt and waits for a slot on another provider (when the provider's ``retry_on`` allows).
+Probes the core asks for — of ejected providers, and once :meth:`AdmissionScheduler.start` ran
+of idle ones — run as tasks through the injected ``prober``, their results fed back to the
+core; health events go to the injected ``on_health``. The same one timer serves deadlines,
+health times and idle checks: nothing is armed per request.
 
 Cancellation safety: a cancelled waiter leaves the queue as soon as its task runs (counted as
 ``client_gone``); a slot granted to a waiter that was cancelled in the same tick is released at
@@ -194,6 +197,7 @@ class AdmissionScheduler:
         self._timer_at: float | None = None
         self._cancel_timer: Callable[[], None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
+        self._closed = False  # (aclose: no probe starts, no timer is armed any more)
         #: told of every lease released (set during a handover: the successor counts them)
         self.on_release: Callable[[SlotLease], None] | None = None
 
@@ -246,14 +250,15 @@ class AdmissionScheduler:
         self, lease: Lease, failure: Failure, *, retried: Callable[[], None] | None = None
     ) -> Lease | None:
         """The attempt holding ``lease`` failed before the client got a byte: release it with
-        ``failure`` and wait for a slot on a provider the request has not tried.
+        ``failure`` and wait for a slot on a provider the request has not tried — if the
+        failed provider's ``retry_on`` lists the failure's class (a 429 always fails over).
 
         ``retried`` is called once the request has re-entered admission (counted in
         ``statistics().failovers``), before any wait. Returns ``None`` when there is no retry
-        (attempts used up, no untried candidate) or the last untried provider went away while
-        the request waited: the caller returns the failed attempt's error. Raises
-        :class:`AdmissionError` like :meth:`admit` (``queue_timeout`` counts from the request's
-        arrival).
+        (not in ``retry_on``, attempts used up, no untried candidate) or the last untried
+        provider went away while the request waited: the caller returns the failed attempt's
+        error. Raises :class:`AdmissionError` like :meth:`admit` (``queue_timeout`` counts
+        from the request's arrival).
         """
         result = self._core.fail(lease._slot_lease, failure, self._clock.now())
         request = result.request
@@ -268,6 +273,12 @@ class AdmissionScheduler:
             if exc.reason == "no_available_provider":
                 return None
             raise
+
+    def start(self) -> None:
+        """Start probing idle providers (from the running loop, once the daemon serves): every
+        enabled provider with a health check, each ``probe_interval_ms`` without traffic."""
+        self._core.start(self._clock.now())
+        self._rearm()
 
     def inherit(self, key: ProviderKey, *, long_context: bool, principal: str) -> Lease | None:
         """A slot the process this one takes over from still holds (a handover): counted as
@@ -287,7 +298,11 @@ class AdmissionScheduler:
         self._settle(self._core.apply_policy(policy, self._clock.now()))
 
     async def aclose(self) -> None:
-        """Stop the health probes still running."""
+        """Stop the health probes still running, and start no other (the daemon stops)."""
+        self._closed = True
+        if self._cancel_timer is not None:
+            self._cancel_timer()
+            self._cancel_timer = self._timer_at = None
         probes = list(self._probes)
         for task in probes:
             task.cancel()
@@ -356,6 +371,8 @@ class AdmissionScheduler:
         for subject, event in self._core.take_events():
             if event == PROBE:
                 assert isinstance(subject, tuple)
+                if self._closed:
+                    continue
                 task = asyncio.get_running_loop().create_task(self._probe(subject))
                 self._probes.add(task)
                 task.add_done_callback(self._probes.discard)
@@ -377,7 +394,11 @@ class AdmissionScheduler:
         for nothing, which is cheaper than re-arming on every dispatch.
         """
         deadline = self._core.next_event()
-        if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
+        if (
+            deadline is None
+            or self._closed
+            or (self._timer_at is not None and self._timer_at <= deadline)
+        ):
             return
         if self._cancel_timer is not None:
             self._cancel_timer()

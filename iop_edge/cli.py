@@ -541,7 +541,7 @@ def format_status(status: dict[str, Any]) -> str:
     for p in status["providers"]:
         lines += _health_lines(p)
     for model in status.get("models", ()):
-        if model["panic"]:
+        if model["panic"] and not model.get("derived_from"):  # (a model's panic, once)
             lines.append(
                 f"model {model['id']}: PANIC - every enabled provider is ejected; health is "
                 "ignored for it until one recovers"
@@ -551,8 +551,9 @@ def format_status(status: dict[str, Any]) -> str:
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(counters["rejected"].items()) if v)
     lines.append("")
     lines.append(
-        f"admitted {counters['admitted']}, released {counters['released']}, "
-        f"failovers {counters.get('failovers', 0)}, rejected: {rejected or 'none'}"
+        f"admitted {counters['admitted']}, inherited {counters.get('inherited', 0)}, released "
+        f"{counters['released']}, failovers {counters.get('failovers', 0)}, rejected: "
+        f"{rejected or 'none'}"
     )
     return "\n".join(lines)
 
@@ -599,6 +600,11 @@ def _health_lines(provider: dict[str, Any]) -> list[str]:
         )
     elif provider.get("half_open"):
         lines.append(f"{name}: half-open, the next request is a trial")
+    if lines and provider.get("probes_trusted") is False:
+        lines.append(
+            "  its probes pass but its requests fail: probes no longer end its ejections "
+            "(each runs to its end, then one trial request) until a request succeeds"
+        )
     if provider.get("held_until"):
         lines.append(f"{name}: held out until {provider['held_until']} (429 Retry-After)")
     if lines and provider.get("last_failure"):

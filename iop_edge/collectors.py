@@ -121,7 +121,7 @@ class StateCollector(Collector):
         )
         probes = CounterMetricFamily(
             "iop_edge_health_probes",
-            "Health checks of ejected providers, by result.",
+            "Health checks of ejected and of idle providers, by result.",
             labels=["node", "provider", "result"],
         )
         routes = self._route_providers
@@ -161,15 +161,17 @@ class StateCollector(Collector):
         )
         panic = GaugeMetricFamily(
             "iop_edge_model_panic",
-            "1 while every enabled provider of the model group is out, ejected or held by a "
-            "429 (panic: health is ignored for the group).",
+            "1 while every enabled provider of the model is out, ejected or held by a 429 "
+            "(panic: health is ignored for it). One series per model: its /v1/completions and "
+            "/v1/embeddings groups share its providers and are not reported apart.",
             labels=["model"],
         )
         for group in stats.groups:
             if group.group_id in self._route_groups:
                 continue
             members.add_metric([group.group_id], group.members)
-            panic.add_metric([group.group_id], 1 if group.panic else 0)
+            if group.derived_from is None:
+                panic.add_metric([group.group_id], 1 if group.panic else 0)
         yield members
         yield panic
 

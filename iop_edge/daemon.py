@@ -199,6 +199,18 @@ class Daemon:
         node, provider = subject
         left = None if event.until is None else round(event.until - self.clock.now(), 3)
         if event.kind == "ejected":
+            trusted = event.probes_trusted
+            if trusted is None:
+                message = (
+                    f"no health check: ejected for the full {left:g} s, then one trial request"
+                )
+            elif trusted:
+                message = f"ejected for up to {left:g} s: a passing health check ends it early"
+            else:
+                message = (
+                    f"probes pass but requests fail: ejected for the full {left:g} s, then one "
+                    "trial request"
+                )
             self.log.warning(
                 "provider_ejected",
                 node=node,
@@ -206,6 +218,8 @@ class Daemon:
                 consecutive_failures=event.failures,
                 reason=event.reason,
                 ejected_for_s=left,
+                probes_trusted=trusted,
+                message=message,
             )
         elif event.kind == "held":  # an upstream failure (a 429): a warning, like an ejection
             self.log.warning(
@@ -307,6 +321,7 @@ class Daemon:
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
         self.server.ready = True
+        self.scheduler.start()  # idle providers are probed from now on
         self.notifier.ready(status_line(self.supervisor) if self.supervisor else "serving")
         if predecessor is not None:
             predecessor.serving()

@@ -33,10 +33,16 @@ AdmissionReason = Literal[
 ]
 #: How an upstream call failed.
 AdapterCode = Literal["upstream_error", "upstream_timeout"]
-#: What went wrong with one attempt on a provider, for its health and the failover metric
-#: (:mod:`iop_edge.pool.health`): ``protocol`` is an answer that broke off or broke the
+#: What went wrong with one attempt on a provider, for its health, its failover (each kind
+#: belongs to one ``retry_on`` class: :data:`iop_edge.pool.policy.RETRY_CLASS_OF`) and the
+#: failover metric: ``connect`` — never sent (refused, DNS, TLS, a cli that could not be
+#: spawned); ``dropped`` — the connection broke after it was made; ``timeout`` —
+#: ``request_timeout_ms`` ran out; ``status_5xx`` / ``status_429`` — the upstream answered
+#: that; ``exit`` — a cli exited non-zero; ``protocol`` — an answer that broke off or broke the
 #: protocol after it started.
-FailureKind = Literal["connect", "timeout", "status_5xx", "status_429", "exit", "protocol"]
+FailureKind = Literal[
+    "connect", "dropped", "timeout", "status_5xx", "status_429", "exit", "protocol"
+]
 #: Why a request has no valid principal or credential (401).
 AuthCode = Literal[
     "invalid_api_key", "provider_auth_required", "invalid_provider_auth", "invalid_admin_token"

@@ -7,6 +7,7 @@ never by waiting a real duration.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -375,3 +376,37 @@ def test_fake_clock_fires_timers_in_order_at_their_own_time() -> None:
         clock.advance(-1.0)
     with pytest.raises(ValueError, match="cannot go back"):
         clock.advance_to(9.0)
+
+
+async def test_idle_probes_run_through_the_prober_from_start_until_aclose():
+    """Once started, the shell runs the idle probes the core asks for through its prober on
+    the one timer and feeds the results back; after ``aclose`` no probe starts and no timer
+    is left armed."""
+    clock = FakeClock(50.0)
+    asked: list[tuple[str, str]] = []
+
+    async def prober(key: tuple[str, str]) -> tuple[bool, str | None]:
+        asked.append(key)
+        return False, "GET /models: connection refused"
+
+    probed = dataclasses.replace(
+        policy(),
+        providers=(
+            ProviderPolicy("n1", "a", 1, 1, 0, True, probe=True),
+            ProviderPolicy("n1", "b", 1, 1, 0, True),
+        ),
+    )
+    scheduler = AdmissionScheduler(probed, clock=clock, prober=prober)
+    clock.advance(10.0)
+    assert (asked, clock.armed) == ([], [])  # not started: nothing idle is probed
+    scheduler.start()
+    assert clock.armed == [62.0]
+    clock.advance(2.0)
+    await until(lambda: scheduler.statistics().providers[0].probes_failed == 1)
+    assert asked == [("n1", "a")]  # never b: it has no health check
+    assert clock.armed == [64.0]
+    await scheduler.aclose()
+    assert clock.armed == []
+    clock.advance(10.0)
+    await asyncio.sleep(0)
+    assert asked == [("n1", "a")]

@@ -408,9 +408,24 @@ def test_status_names_ejected_held_and_half_open_providers_and_panicking_models(
             ),
             entry("trial", "unhealthy", half_open=True),
             entry("busy", "healthy", held_until="2026-12-01T10:00:30.000+00:00"),
+            entry(
+                "liar",
+                "unhealthy",
+                ejected_until="2026-12-01T10:00:40.000+00:00",
+                probes_trusted=False,
+            ),
         ],
-        "models": [{"id": "chat", "providers": 2, "panic": True}],
-        "counters": {"admitted": 5, "released": 5, "failovers": 2, "rejected": {}},
+        "models": [
+            {"id": "chat", "providers": 2, "panic": True, "derived_from": None},
+            {"id": "chat[completions]", "providers": 2, "panic": True, "derived_from": "chat"},
+        ],
+        "counters": {
+            "admitted": 5,
+            "inherited": 2,
+            "released": 7,
+            "failovers": 2,
+            "rejected": {},
+        },
     }
     text = format_status(status)
     assert "gpu/dead: ejected until 2026-12-01T10:00:10.000+00:00 after 3 consecutive" in text
@@ -419,7 +434,10 @@ def test_status_names_ejected_held_and_half_open_providers_and_panicking_models(
     assert "gpu/busy: held out until 2026-12-01T10:00:30.000+00:00 (429 Retry-After)" in text
     assert "gpu/ok" not in text.split("\n\n")[-2]  # a healthy provider needs no line
     assert "model chat: PANIC" in text
-    assert "failovers 2" in text
+    assert "chat[completions]" not in text  # a model's panic is shown once
+    assert "  its probes pass but its requests fail: probes no longer end its ejections" in text
+    assert text.count("probes no longer") == 1  # (gpu/liar only)
+    assert "admitted 5, inherited 2, released 7, failovers 2" in text
 
 
 def test_payload_redacts_secrets_unless_asked_to_show_them(tmp_path):

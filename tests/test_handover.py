@@ -24,8 +24,10 @@ from typing import Any
 import aiohttp
 import yaml
 
+from iop_edge.cli import format_status
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
+from iop_edge.testing.leaks import NO_LEAKS, leaks
 from iop_edge.tokens import token_hash
 from tests.helpers import BOUND, IOP_EDGE, doc_for, dump, edge_on, wait_for
 from tests.test_stop_and_signals import served, write_config
@@ -362,6 +364,9 @@ async def test_ten_handovers_in_a_row_under_load_leak_no_descriptor_process_or_s
     assert last["handover"]["inherited_held"] == 0
     assert [p["in_flight"] for p in last["providers"]] == [0, 0]
     assert last["queue"]["depth"] == 0
+    counters = last["counters"]  # it released what it admitted and what it inherited
+    assert counters["inherited"] == last["handover"]["inherited_leases"]
+    assert counters["released"] == counters["admitted"] + counters["inherited"]
 
 
 # -- in one process: the ways a restart is refused or fails, and what stays as it was -----
@@ -414,3 +419,28 @@ async def test_a_restart_is_refused_while_one_runs_or_without_a_command(tmp_path
     assert first_result["result"] == "failed"
     assert without == {"result": "rejected", "message": "this process has no command to restart"}
     assert answer == 200
+
+
+async def test_inherited_leases_are_counted_so_that_released_is_admitted_plus_inherited(
+    tmp_path: Path,
+) -> None:
+    """A process started by a handover releases the leases the old one held as well as its
+    own: ``released`` passes ``admitted`` by ``inherited`` exactly, which status, ``iop-edge
+    status`` and the leak accounting show rather than call it a leak."""
+    async with FakeOpenAI() as fake, edge_on(tmp_path, tokens_doc(fake, ["app-a"], 3)) as edge:
+        daemon = edge.daemon
+        key = ("local", "up")
+        inherited = [
+            daemon.scheduler.inherit(key, long_context=False, principal="app-a") for _ in range(2)
+        ]
+        async with aiohttp.ClientSession() as session:
+            assert (await ask(session, daemon.openai_url[: -len("/v1")], "app-a", "own"))[0] == 200
+        for lease in inherited:
+            assert lease is not None
+            lease.release()
+        shown = await status(daemon.console_url)
+        found = leaks(daemon)
+    counters = shown["counters"]
+    assert (counters["admitted"], counters["inherited"], counters["released"]) == (1, 2, 3)
+    assert found == {**NO_LEAKS, "child_processes": found["child_processes"]}
+    assert "admitted 1, inherited 2, released 3," in format_status(shown)

@@ -84,7 +84,9 @@ def edge_doc(upstream_url: str = "http://127.0.0.1:9/v1", **openai_fields: Any) 
                     {"name": "shell", "type": "cli", "command": "cat"},
                 ],
                 "providers": [
-                    provider("big", "openai_compat", "up", "fake-model"),
+                    # (no health check: no idle probe arms a timer on the clock these tests
+                    # read; the listeners' timers are the only ones)
+                    provider("big", "openai_compat", "up", "fake-model", health_check=False),
                     provider(
                         "agent",
                         "cli",

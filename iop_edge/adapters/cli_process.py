@@ -149,7 +149,7 @@ class CliRun:
             raise AdapterError(
                 "upstream_error",
                 f"{label} could not be started: {exc.strerror or exc}",
-                failure="exit",
+                failure="connect",  # (nothing ran: retry_on's connect class)
                 failover=True,
             ) from exc
         run = cls(process, label, tracker)

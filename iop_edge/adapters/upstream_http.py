@@ -41,7 +41,7 @@ from yarl import URL
 
 from iop_edge.adapters.base import UpstreamReply, UpstreamStream, Usage
 from iop_edge.envelope import envelope
-from iop_edge.errors import AdapterError
+from iop_edge.errors import AdapterError, FailureKind
 from iop_edge.seams import ProbeResult
 
 __all__ = [
@@ -209,8 +209,11 @@ def upstream_error(
     if isinstance(exc, aiohttp.ClientConnectionError | ConnectionError) and not isinstance(
         exc, aiohttp.ClientPayloadError
     ):
+        # Never sent (no connection: refused, DNS, TLS) or sent and dropped: only the first
+        # is sure to have done no work upstream (retry_on's connect / timeout_before_head).
+        kind: FailureKind = "dropped"
         if isinstance(exc, aiohttp.ClientConnectorError):
-            reason = f"cannot connect: {exc.os_error.strerror or exc.os_error}"
+            kind, reason = "connect", f"cannot connect: {exc.os_error.strerror or exc.os_error}"
         elif isinstance(exc, aiohttp.ServerDisconnectedError):
             reason = "the upstream closed the connection before answering"
         else:
@@ -218,7 +221,7 @@ def upstream_error(
         return AdapterError(
             "upstream_error",
             f"{where} failed: {reason}",
-            failure="connect",
+            failure=kind,
             failover=not answered,
         )
     if isinstance(exc, aiohttp.ClientPayloadError):

@@ -135,7 +135,13 @@ class AdminAPI:
             },
             "providers": [self._provider(p) for p in stats.providers],
             "models": [
-                {"id": g.group_id, "providers": g.members, "panic": g.panic} for g in stats.groups
+                {
+                    "id": g.group_id,
+                    "providers": g.members,
+                    "panic": g.panic,
+                    "derived_from": g.derived_from,
+                }
+                for g in stats.groups
             ],
             "principals": [
                 {
@@ -155,6 +161,7 @@ class AdminAPI:
                 "submitted": stats.submitted,
                 "admitted": stats.admitted,
                 "released": stats.released,
+                "inherited": stats.inherited,
                 "double_releases": stats.double_releases,
                 "failovers": stats.failovers,
                 "rejected": dict(stats.rejected),
@@ -195,6 +202,7 @@ class AdminAPI:
             "held_until": self._wall(p.held_until),
             "ejections": p.ejections,
             "probes": {"ok": p.probes_ok, "failed": p.probes_failed},
+            "probes_trusted": p.probes_trusted,
         }
 
     def _wall(self, when: float | None) -> str | None:

@@ -8,7 +8,8 @@ provider's adapter, relay the answer, release the lease exactly once, and record
 An attempt that fails before the client got a byte (a connect error, a timeout before the
 response head, HTTP 429/500/502/503/504, a CLI that could not start or exited before any output)
 fails over to a provider the request has not tried (:meth:`AdmissionScheduler.failover`), up to
-``provider_pool.failover.max_attempts``; every attempt's outcome feeds its provider's health.
+``provider_pool.failover.max_attempts``, when the failed provider's ``retry_on`` lists the
+failure's class (the scheduler decides); every attempt's outcome feeds its provider's health.
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /healthz`` and ``GET /readyz`` answer from
 the current catalog. Any other path or method answers 404 ``unknown_url`` / 405
 ``method_not_allowed`` (with ``Allow``) in the OpenAI envelope, logged and counted like a request

@@ -98,13 +98,16 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
     pool = config.provider_pool
     health = pool.health
     groups = {g.id: tuple((nodes_of[r.id], r.id) for r in g.providers) for g in config.models}
+    derived: dict[str, str] = {}  # (a model's panic is reported under the model alone)
     for g in config.models:
         keys = tuple((nodes_of[r.id], r.id) for r in g.providers if r.id in passthrough)
         if keys:
             groups[completions_group(g.id)] = keys
+            derived[completions_group(g.id)] = g.id
         keys = tuple((nodes_of[r.id], r.id) for r in g.providers if r.id in embedding)
         if keys:
             groups[embeddings_group(g.id)] = keys
+            derived[embeddings_group(g.id)] = g.id
     # A model route is admitted as a group of one provider of its own: its capacity (live),
     # no long-context slots, no health check (its outcomes are not reported).
     routes = tuple(
@@ -149,10 +152,12 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
                 priority=p.priority,
                 enabled=p.enabled,
                 probe=p.health_check is not False,
+                retry_on=frozenset(p.retry_on),
             )
             for n in config.nodes
             for p in n.providers
         )
         + routes,
         groups=groups,
+        derived=derived,
     )

@@ -6,7 +6,7 @@ unapplied). What is live:
 
 - ``long_context_threshold_tokens``, ``provider_pool.max_queue``, ``provider_pool.queue_timeout_ms``
 - a provider's ``capacity``, ``long_context_capacity``, ``total_context_tokens``, ``priority``,
-  ``enabled``
+  ``enabled``, ``retry_on``
 - ``models[]``: add, remove, and every field (display name, context window, provider list,
   generation policy)
 - ``nodes[].runtime`` (legacy node runtime concurrency metadata)
@@ -50,6 +50,7 @@ LIVE_PROVIDER_FIELDS: Final = (
     "total_context_tokens",
     "priority",
     "enabled",
+    "retry_on",
 )
 #: Root sections that need a restart on any change (``openai`` is diffed by entity below).
 RESTART_SECTIONS: Final = (

@@ -32,6 +32,7 @@ from pydantic import (
 
 from iop_edge.config.address import ListenAddress
 from iop_edge.config.provenance import NO_PROVENANCE, Provenance
+from iop_edge.pool.policy import RETRY_CLASSES, RetryClass
 
 # --- field validators -----------------------------------------------------------------------
 
@@ -526,6 +527,8 @@ def _runtime_type(data: Any) -> Any:
         data["health_check"] = {"path": default_path} if default_path else (check or False)
     elif isinstance(check, dict) and "path" not in check and default_path:
         data["health_check"] = {**check, "path": default_path}
+    if data.get("retry_on") is None and runtime == "cli":
+        data["retry_on"] = ("connect",)  # an agent's side effects must not run twice
     return data
 
 
@@ -538,6 +541,9 @@ class Provider(ExecutionFields):
     and always cleared in an effective config. ``health_check`` is always a
     :class:`HealthCheck` or ``false`` in an effective config (omitted: the type's default,
     ``GET /models`` for openai_compat, ``GET /api/tags`` for ollama, none for cli).
+    ``retry_on`` lists the failures before the response head that fail over to another provider
+    (``connect``, ``timeout_before_head``, ``5xx``; a 429 always does): all three for an HTTP
+    type, ``[connect]`` for cli. Live.
     """
 
     id: Ref
@@ -553,6 +559,7 @@ class Provider(ExecutionFields):
     max_queue: NonNegative | None = None
     queue_timeout_ms: NonNegative | None = None
     health_check: HealthCheckSetting = False
+    retry_on: tuple[RetryClass, ...] = RETRY_CLASSES
 
     _normalize = model_validator(mode="before")(_runtime_type)
 

@@ -25,7 +25,15 @@ from iop_edge.pool.fair import (
     service_key,
 )
 from iop_edge.pool.health import OK, Failure, Health, HealthEvent, Outcome
-from iop_edge.pool.policy import HealthPolicy, PoolPolicy, ProviderKey, ProviderPolicy
+from iop_edge.pool.policy import (
+    RETRY_CLASSES,
+    HealthPolicy,
+    PoolPolicy,
+    ProviderKey,
+    ProviderPolicy,
+    RetryClass,
+    may_retry,
+)
 from iop_edge.pool.scheduler import PROBE, Notice, PoolScheduler
 from iop_edge.pool.statistics import (
     REJECTION_COUNTERS,
@@ -40,6 +48,7 @@ __all__ = [
     "OK",
     "PROBE",
     "REJECTION_COUNTERS",
+    "RETRY_CLASSES",
     "Decision",
     "Dispatch",
     "Failover",
@@ -65,8 +74,10 @@ __all__ = [
     "RejectReason",
     "Rejection",
     "RequestState",
+    "RetryClass",
     "Share",
     "SlotLease",
     "Submission",
+    "may_retry",
     "service_key",
 ]

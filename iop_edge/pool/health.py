@@ -5,17 +5,30 @@ States, and what moves between them::
     unknown ──success──▶ healthy ◀──────────── success (a request, a probe, the trial)
        │                    │                          ▲
        └──── failure_threshold consecutive failures ───┼──▶ ejected (until T)
-                                                       │      │  probes every probe_interval
+             (requests, or idle probes)                │      │  probes every probe_interval
                                       no health check, │      ▼  (with a health check)
-                                      or no probe came │   at T: the last probe failed → ejected
-                                      back before T    │         again, for twice as long
+                                  probes not trusted,  │   at T: the last probe failed → ejected
+                                      or no probe came │         again, for twice as long
+                                      back before T    │
                                                        └── half-open: one trial request;
                                                            its failure ejects again (doubled)
 
-- A failure is counted only when it is the provider's (connect, timeout, 5xx, exit, a broken
-  answer); a 429 holds the provider out for its ``Retry-After`` without counting toward
-  ejection. A success resets the consecutive failures and ends an ejection at once; only a
-  success of a real request (not of a probe) resets the doubling.
+- A failure is counted only when it is the provider's (connect, dropped, timeout, 5xx, exit, a
+  broken answer); a 429 holds the provider out for its ``Retry-After`` without counting toward
+  ejection. A request's success resets the consecutive failures, ends an ejection at once and
+  resets the doubling.
+- **Probes.** A provider with a health check is probed every ``probe_interval`` while ejected,
+  and while idle — unknown or healthy, no attempt in flight and none ended for
+  ``probe_interval`` (the scheduler says when it is busy and when an attempt ended:
+  :attr:`ProviderHealth.quiet_since`). An idle probe's failure counts toward
+  ``failure_threshold`` like a request's (so a dead idle provider is ejected before a request
+  reaches it); its success makes an ``unknown`` provider ``healthy`` and clears the failed
+  probes, never the failed requests (a provider whose probes pass while its requests fail is
+  still ejected). An ejected provider's probe success ends the ejection at once — while probes
+  are **trusted**: once a provider that a probe recovered is ejected again by failed requests
+  before any request succeeded, its probes pass but its requests fail, and a probe success no
+  longer ends its ejection: the ejection (doubled each time) runs to its end, then one
+  half-open trial request decides. A request's success restores the trust.
 - ``out`` — ejected or held — providers are not dispatch candidates unless their model group is
   in panic (every enabled member out); the scheduler decides that, this module only keeps one
   provider's state.
@@ -71,10 +84,11 @@ class HealthEvent:
     """Something to log about one provider's health.
 
     ``kind``: ``ejected`` (``until`` set; ``failures`` consecutive failures, the last one
-    ``reason``), ``recovered`` (``via`` is ``request``, ``probe`` or ``trial``),
-    ``half_open`` (the ejection ran out: one trial request may go), ``held`` (a 429 holds it
-    out ``until``); for a model group, ``panic`` (every member out: health is ignored) and
-    ``panic_over``.
+    ``reason``; ``probes_trusted``: whether a passing probe ends it early — ``None`` for a
+    provider without a health check, ``False`` once its probes pass while its requests fail),
+    ``recovered`` (``via`` is ``request``, ``probe`` or ``trial``), ``half_open`` (the ejection
+    ran out: one trial request may go), ``held`` (a 429 holds it out ``until``); for a model,
+    ``panic`` (every member out: health is ignored) and ``panic_over``.
     """
 
     kind: Literal["ejected", "recovered", "half_open", "held", "panic", "panic_over"]
@@ -82,12 +96,14 @@ class HealthEvent:
     reason: str | None = None
     until: float | None = None
     via: str | None = None
+    probes_trusted: bool | None = None
 
 
 class ProviderHealth:
     """The health of one provider resource (see the module docstring)."""
 
     __slots__ = (
+        "_probe_recovered",
         "_state",
         "can_probe",
         "ejected_at",
@@ -96,27 +112,43 @@ class ProviderHealth:
         "ejections_total",
         "failures",
         "held_until",
+        "idle_probes",
         "last_failure",
         "last_probe_failed",
         "next_probe_at",
+        "probe_failures",
+        "probe_sent_at",
         "probes_failed",
         "probes_ok",
+        "probes_trusted",
         "probing",
+        "quiet_since",
         "trial",
     )
 
     def __init__(self, can_probe: bool) -> None:
         self.can_probe = can_probe
         self._state = _State.UNKNOWN
+        #: consecutive failed requests, and failed idle probes (together toward the threshold)
         self.failures = 0
+        self.probe_failures = 0
         self.ejections = 0
         self.ejected_at: float | None = None
         self.ejected_until: float | None = None
         self.held_until: float | None = None
         self.last_failure: str | None = None
+        #: ejected: the next probe; unknown or healthy with ``idle_probes``: the next idle check
         self.next_probe_at: float | None = None
         self.probing = False
+        self.probe_sent_at: float | None = None
         self.last_probe_failed = False
+        #: whether a probe's success may end an ejection (see the module docstring)
+        self.probes_trusted = True
+        self._probe_recovered = False  # a probe ended the last ejection; no request since
+        #: whether idle providers are probed (the scheduler turns it on once it is started)
+        self.idle_probes = False
+        #: when the latest attempt on it ended (the scheduler sets it: idle probes wait for it)
+        self.quiet_since: float | None = None
         #: the lease of the half-open trial request while it runs (the scheduler sets it)
         self.trial: object | None = None
         self.ejections_total = 0
@@ -153,6 +185,11 @@ class ProviderHealth:
         """Whether a new request may go here (outside a panic): not out, and no trial running."""
         return not self.out and not (self._state is _State.HALF_OPEN and self.trial is not None)
 
+    @property
+    def consecutive_failures(self) -> int:
+        """Failed requests and failed idle probes since the last success."""
+        return self.failures + self.probe_failures
+
     def next_time(self) -> float | None:
         """When :meth:`advance` has something to do next, or ``None``."""
         times = [t for t in (self.ejected_until, self.held_until) if t is not None]
@@ -177,17 +214,22 @@ class ProviderHealth:
         ):
             return None
         self.failures = 0
+        self.probe_failures = 0
         self.trial = None
-        if not probe:
+        if not probe and self.ejections:
+            # A real request answered: the doubling starts over, and probes are trusted again.
             self.ejections = 0
+            self.probes_trusted = True
+            self._probe_recovered = False
         if previous is _State.HEALTHY:
             return None
         self._state = _State.HEALTHY
-        self.ejected_until = None
-        self.next_probe_at = None
-        self.last_probe_failed = False
         if previous is _State.UNKNOWN:
             return None
+        self.ejected_until = None
+        self.next_probe_at = None  # (idle checks start again: arm_idle)
+        self.last_probe_failed = False
+        self._probe_recovered = probe
         via = "probe" if probe else ("trial" if previous is _State.HALF_OPEN else "request")
         return HealthEvent("recovered", via=via)
 
@@ -206,17 +248,29 @@ class ProviderHealth:
         self.failures += 1
         state = self._state
         if state is _State.HALF_OPEN or (
-            state is not _State.EJECTED and self.failures >= policy.failure_threshold
+            state is not _State.EJECTED
+            and self.failures + self.probe_failures >= policy.failure_threshold
         ):
+            if self._probe_recovered:
+                # A probe said it was back, and requests failed again before one succeeded:
+                # its probes pass but its requests fail. Probes no longer end its ejections.
+                self.probes_trusted = False
             return self._eject(now, policy)
         return None
 
     def probed(
         self, ok: bool, reason: str | None, now: float, policy: HealthPolicy
     ) -> HealthEvent | None:
-        """A probe came back. Success ends the ejection (or the half-open wait); a failure waits
-        for the next one. A result nobody asked this state for (a probe started before the
-        provider was disabled and enabled again: a new state) is ignored."""
+        """A probe came back (``reason`` says why it failed).
+
+        Ejected (or half-open, when the ejection ran out while the probe ran): a trusted
+        success ends it at once; otherwise the result only tells the ejection's end whether
+        probes still fail. Unknown or healthy, an idle probe: see the module docstring. A
+        result nobody asked this state for (a probe started before the provider was disabled
+        and enabled again: a new state; one sent before the ejection it would end; without
+        idle probes, one of an ejection a request ended meanwhile) changes nothing but the
+        probe counts.
+        """
         if not self.probing:
             return None
         self.probing = False
@@ -225,27 +279,62 @@ class ProviderHealth:
         else:
             self.probes_failed += 1
         state = self._state
-        if ok and (state is _State.EJECTED or state is _State.HALF_OPEN):
-            # Half-open too (the ejection ran out while the probe ran): healthy at once.
-            return self.succeeded(now, probe=True)
-        if state is not _State.EJECTED:
-            return None  # recovered meanwhile, or a failure while half-open: the trial decides
-        self.last_probe_failed = True
-        if reason is not None:
-            self.last_failure = reason
-        self.next_probe_at = now + policy.probe_interval_ms / 1000.0
+        if state is _State.EJECTED or state is _State.HALF_OPEN:
+            sent = self.probe_sent_at
+            if sent is not None and self.ejected_at is not None and sent < self.ejected_at:
+                return None  # an idle probe sent before the ejection: says nothing now
+            if ok and self.probes_trusted:
+                return self.succeeded(now, probe=True)
+            if state is _State.HALF_OPEN:
+                return None  # the trial decides
+            self.last_probe_failed = not ok
+            if reason is not None and not ok:
+                self.last_failure = reason
+            self.next_probe_at = now + policy.probe_interval_s
+            return None
+        if not self.idle_probes:
+            return None  # an ejected provider's probe, answered after a request recovered it
+        # An idle probe of an unknown or healthy provider.
+        self.next_probe_at = now + policy.probe_interval_s
+        if ok:
+            self.probe_failures = 0
+            self._state = _State.HEALTHY
+            return None
+        self.last_failure = reason
+        self.probe_failures += 1
+        if self.failures + self.probe_failures >= policy.failure_threshold:
+            return self._eject(now, policy)
         return None
 
     def start_probe(self) -> None:
         """The scheduler asked for a probe: no other until it comes back."""
         self.probing = True
 
-    def advance(self, now: float, policy: HealthPolicy) -> list[HealthEvent | Literal["probe"]]:
-        """Everything due at ``now``: a hold ends, an ejection runs out, a probe is due."""
+    def arm_idle(self, now: float, policy: HealthPolicy) -> bool:
+        """Start idle checks (at ``now + probe_interval``) if they are on and none is armed:
+        the scheduler calls it when it starts and after every change of state. Returns
+        whether it armed one."""
+        if (
+            self.idle_probes
+            and self.can_probe
+            and self.next_probe_at is None
+            and not self.probing
+            and (self._state is _State.UNKNOWN or self._state is _State.HEALTHY)
+        ):
+            self.next_probe_at = now + policy.probe_interval_s
+            return True
+        return False
+
+    def advance(
+        self, now: float, policy: HealthPolicy, busy: bool = False
+    ) -> list[HealthEvent | Literal["probe"]]:
+        """Everything due at ``now``: a hold ends, an ejection runs out, a probe is due.
+        ``busy``: an attempt is in flight on the provider (it is not idle)."""
         done: list[HealthEvent | Literal["probe"]] = []
         if self.held_until is not None and self.held_until <= now:
             self.held_until = None
-        if self._state is _State.EJECTED:
+        state = self._state
+        if state is _State.EJECTED:
             assert self.ejected_until is not None
             if self.ejected_until <= now:
                 if self.can_probe and self.last_probe_failed:
@@ -254,17 +343,28 @@ class ProviderHealth:
                     self._state = _State.HALF_OPEN
                     self.ejected_until = None
                     self.next_probe_at = None
-                    done.append(HealthEvent("half_open", failures=self.failures))
-            if (
-                self._state is _State.EJECTED
-                and self.can_probe
-                and not self.probing
-                and self.next_probe_at is not None
-                and self.next_probe_at <= now
-            ):
-                self.probing = True
-                done.append("probe")
+                    done.append(HealthEvent("half_open", failures=self.consecutive_failures))
+            if self._state is _State.EJECTED and self._probe_due(now):
+                done.append(self._send_probe(now))
+        elif self.idle_probes and state is not _State.HALF_OPEN and self._probe_due(now):
+            interval = policy.probe_interval_s
+            quiet = self.quiet_since
+            if busy or self.held_until is not None:
+                self.next_probe_at = now + interval  # traffic (or a 429's hold): no probe
+            elif quiet is not None and quiet + interval > now:
+                self.next_probe_at = quiet + interval
+            else:
+                done.append(self._send_probe(now))
         return done
+
+    def _probe_due(self, now: float) -> bool:
+        at = self.next_probe_at
+        return self.can_probe and not self.probing and at is not None and at <= now
+
+    def _send_probe(self, now: float) -> Literal["probe"]:
+        self.probing = True
+        self.probe_sent_at = now
+        return "probe"
 
     def _eject(self, now: float, policy: HealthPolicy) -> HealthEvent:
         self.ejections += 1
@@ -275,12 +375,18 @@ class ProviderHealth:
         self.ejected_until = until
         self.trial = None
         self.last_probe_failed = False
-        if self.can_probe:
-            self.next_probe_at = now + policy.probe_interval_ms / 1000.0
-        return HealthEvent("ejected", failures=self.failures, reason=self.last_failure, until=until)
+        self.next_probe_at = now + policy.probe_interval_s if self.can_probe else None
+        return HealthEvent(
+            "ejected",
+            failures=self.consecutive_failures,
+            reason=self.last_failure,
+            until=until,
+            probes_trusted=self.probes_trusted if self.can_probe else None,
+        )
 
     def __repr__(self) -> str:
         return (
-            f"ProviderHealth({self._state.value} failures={self.failures} "
-            f"ejections={self.ejections} until={self.ejected_until} held={self.held_until})"
+            f"ProviderHealth({self._state.value} failures={self.consecutive_failures} "
+            f"ejections={self.ejections} until={self.ejected_until} held={self.held_until}"
+            f"{'' if self.probes_trusted else ' probes_distrusted'})"
         )

@@ -11,10 +11,44 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Final, Literal
+
+from iop_edge.errors import FailureKind
 
 ProviderKey = tuple[str, str]
 """A provider resource: ``(node_id, provider_id)``. Slots belong to this key."""
+
+RetryClass = Literal["connect", "timeout_before_head", "5xx"]
+"""A class of failures before the response head that a provider's ``retry_on`` may fail over:
+``connect`` — never sent; ``timeout_before_head`` — sent, and no response head in time (or the
+connection dropped before it); ``5xx`` — an answered 500/502/503/504, or a cli that exited
+non-zero before any output."""
+
+RETRY_CLASSES: Final[tuple[RetryClass, ...]] = ("connect", "timeout_before_head", "5xx")
+"""Every retry class: the default ``retry_on`` of an HTTP provider (an LLM call is safe to
+repeat); a ``cli`` provider's is ``connect`` alone (an agent's side effects are not)."""
+
+RETRY_CLASS_OF: Final[Mapping[FailureKind, RetryClass | None]] = MappingProxyType(
+    {
+        "connect": "connect",
+        "dropped": "timeout_before_head",
+        "timeout": "timeout_before_head",
+        "status_5xx": "5xx",
+        "exit": "5xx",
+        "status_429": None,  # always fails over: the upstream refused, no work was done
+        "protocol": None,  # never before the first byte: never fails over
+    }
+)
+"""The one mapping of a failure's kind to its retry class (``None``: not up to ``retry_on``)."""
+
+
+def may_retry(kind: FailureKind, retry_on: frozenset[str]) -> bool:
+    """Whether a failure of ``kind`` before the client's first byte fails over from a provider
+    whose rule is ``retry_on``: a 429 always; otherwise when its class is listed."""
+    if kind == "status_429":
+        return True
+    retry_class = RETRY_CLASS_OF[kind]
+    return retry_class is not None and retry_class in retry_on
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +59,9 @@ class ProviderPolicy:
     of those may be long-context (a long-context request takes a long slot *and* a general one).
     A lower ``priority`` number is preferred. A disabled provider is never a dispatch candidate.
     ``probe`` says whether the provider has an active health check: an ejected provider with
-    one is probed; one without gets a single trial request once its ejection ends.
+    one is probed, and so is an idle one; one without gets a single trial request once its
+    ejection ends. ``retry_on`` lists the :data:`RetryClass` es of failures that fail over to
+    another provider (:func:`may_retry`).
     """
 
     node_id: str
@@ -35,6 +71,7 @@ class ProviderPolicy:
     priority: int
     enabled: bool
     probe: bool = False
+    retry_on: frozenset[str] = frozenset(RETRY_CLASSES)
 
     def __post_init__(self) -> None:
         where = f"provider {self.node_id}/{self.provider_id}"
@@ -47,6 +84,9 @@ class ProviderPolicy:
             )
         if self.priority < 0:
             raise ValueError(f"{where}: priority {self.priority} is negative")
+        unknown = sorted(self.retry_on.difference(RETRY_CLASSES))
+        if unknown:
+            raise ValueError(f"{where}: retry_on {unknown} names no class of {RETRY_CLASSES}")
 
     @property
     def key(self) -> ProviderKey:
@@ -59,8 +99,9 @@ class HealthPolicy:
     """When a provider is ejected and how it comes back (SPEC §5.1); times in milliseconds.
 
     ``failure_threshold`` consecutive failures eject a provider for ``eject_ms``; each
-    re-ejection before a successful request doubles that, up to ``max_eject_ms``. An ejected
-    provider with a health check is probed every ``probe_interval_ms``.
+    re-ejection before a successful request doubles that, up to ``max_eject_ms``. A provider
+    with a health check is probed every ``probe_interval_ms`` while it is ejected, and while it
+    is idle (no attempt in flight, none ended for that long).
     """
 
     failure_threshold: int = 3
@@ -74,6 +115,11 @@ class HealthPolicy:
                 raise ValueError(f"{name} {getattr(self, name)} is below 1")
         if self.max_eject_ms < self.eject_ms:
             raise ValueError(f"max_eject_ms {self.max_eject_ms} is below eject_ms {self.eject_ms}")
+
+    @property
+    def probe_interval_s(self) -> float:
+        """``probe_interval_ms`` in seconds."""
+        return self.probe_interval_ms / 1000.0
 
     def ejection_s(self, ejections: int) -> float:
         """How long the ``ejections``-th consecutive ejection lasts, in seconds."""
@@ -95,7 +141,9 @@ class PoolPolicy:
     ``weights``, ``caps`` (``max_in_flight``), ``queue_caps`` (``max_queued``) and
     ``per_minute`` (``max_requests_per_minute``) the configured principals' (others: weight 1,
     no limits). ``principals`` names the principals the config knows of (listed in the
-    statistics even before their first request).
+    statistics even before their first request). ``derived`` maps each derived group (one that
+    shares a model's providers: its ``/v1/completions`` or ``/v1/embeddings`` group) to its
+    model's group: a derived group's panic is not reported on its own — one outage, one report.
     """
 
     max_queue: int
@@ -110,6 +158,7 @@ class PoolPolicy:
     queue_caps: Mapping[str, int] = field(default_factory=dict)
     per_minute: Mapping[str, int] = field(default_factory=dict)
     principals: tuple[str, ...] = ()
+    derived: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -133,8 +182,14 @@ class PoolPolicy:
                         f"model group {group_id!r} references provider {'/'.join(key)}, "
                         "which is not in the policy"
                     )
+        for group_id, model in self.derived.items():
+            if group_id not in groups or model not in groups:
+                raise ValueError(
+                    f"derived group {group_id!r} of {model!r}: both must be model groups"
+                )
         # Frozen all the way down: a caller mutating its dict later cannot change a running policy.
         object.__setattr__(self, "groups", MappingProxyType(groups))
+        object.__setattr__(self, "derived", MappingProxyType(dict(self.derived)))
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
         object.__setattr__(self, "caps", MappingProxyType(dict(self.caps)))
         object.__setattr__(self, "queue_caps", MappingProxyType(dict(self.queue_caps)))

@@ -17,11 +17,13 @@ those heads that P can serve.
 
 Health (SPEC §5.1, :mod:`iop_edge.pool.health`): each provider slot keeps a
 :class:`~iop_edge.pool.health.ProviderHealth`. Attempts report how they ended through
-:meth:`PoolScheduler.release` (an outcome) or :meth:`PoolScheduler.fail` (a failure, and a
-retry on an untried provider, ahead of every queued request). Health timers (ejections ending,
-429 holds ending, probes due) sit in one heap next to the deadlines: :meth:`next_event` says when
-to call :meth:`expire`. What the shell must do or log — run a probe, log an ejection — waits in
-an outbox read with :meth:`take_events`.
+:meth:`PoolScheduler.release` (an outcome) or :meth:`PoolScheduler.fail` (a failure, and — when
+the provider's ``retry_on`` lists its class — a retry on an untried provider, ahead of every
+queued request). Health timers (ejections ending, 429 holds ending, probes due, idle checks once
+:meth:`PoolScheduler.start` turned idle probes on) sit in one heap next to the deadlines:
+:meth:`next_event` says when to call :meth:`expire`. What the shell must do or log — run a
+probe, log an ejection — waits in an outbox read with :meth:`take_events`. A model's panic is
+reported under its own group only (never its derived groups': ``PoolPolicy.derived``).
 
 Deadline boundary: a request's deadline is ``submitted_at + queue_timeout_ms / 1000``; at
 ``now >= deadline`` it is expired, never dispatched. Each method expires what is due at ``now``
@@ -50,7 +52,7 @@ from iop_edge.pool.decisions import (
 )
 from iop_edge.pool.fair import ANONYMOUS, FairQueue, PrincipalBook, service_key
 from iop_edge.pool.health import OK, Failure, HealthEvent, Outcome
-from iop_edge.pool.policy import PoolPolicy, ProviderKey
+from iop_edge.pool.policy import PoolPolicy, ProviderKey, may_retry
 from iop_edge.pool.rates import RateLimits
 from iop_edge.pool.slots import Membership, ModelGroup, ProviderSlot
 from iop_edge.pool.statistics import (
@@ -100,6 +102,7 @@ class PoolScheduler:
         self._double_releases = 0
         self._inherited = 0
         self._handed_over = False
+        self._idle_probes = False
         self._rejected = dict.fromkeys(REJECTION_COUNTERS, 0)
         self._book = PrincipalBook(
             policy.weights, policy.caps, policy.fair_share, queue_caps=policy.queue_caps
@@ -241,8 +244,10 @@ class PoolScheduler:
         The retry goes ahead of every queued request (it keeps its arrival time, so its deadline
         is unchanged, and ``max_queue`` does not apply: it was accepted already), on a provider
         of its group it has not tried that health lets in; it waits if all of those are busy.
-        No retry when ``max_attempts`` are used up, no untried candidate exists, or the request
-        is past its deadline and no slot is free at once: then the failure is the answer.
+        No retry when the provider's ``retry_on`` does not list the failure's class (a 429
+        always fails over), ``max_attempts`` are used up, no untried candidate exists, or the
+        request is past its deadline and no slot is free at once: then the failure is the
+        answer (and still counts for the provider's health).
         """
         if lease.owner is not self:
             raise ValueError(f"{lease!r} was not granted by this scheduler")
@@ -250,7 +255,11 @@ class PoolScheduler:
             raise ValueError(f"{lease!r} was already released")
         request = lease.request
         decisions = self._expire_due(now)
-        retried = self._release(lease, now, failure, decisions, request)
+        if may_retry(failure.kind, lease.slot.retry_on):
+            retried = self._release(lease, now, failure, decisions, request)
+        else:  # (the provider's rule: this failure is the answer)
+            request.tried = request.tried | {lease.key}
+            retried = self._release(lease, now, failure, decisions, None)
         if self._unparked:
             self._serve_unparked(now, decisions)
         return Failover(request, retried, decisions)
@@ -266,6 +275,14 @@ class PoolScheduler:
             self._events.append((key, event))
         self._health_changed(slot, now, decisions)
         return decisions
+
+    def start(self, now: float) -> None:
+        """Turn idle probes on (the shell, once it runs): from ``now + probe_interval`` every
+        enabled provider with a health check is probed while it is idle (see
+        :mod:`iop_edge.pool.health`). Before, only ejected providers are probed."""
+        if not self._idle_probes:
+            self._idle_probes = True
+            self._start_idle_probes(now)
 
     def take_events(self) -> list[Notice]:
         """Empty the outbox: health events to log and probes to run, in order."""
@@ -372,7 +389,7 @@ class PoolScheduler:
         """
         old_groups = self._groups
         old_timeout = self._timeout
-        self._install(policy)
+        self._install(policy, now)
         decisions: list[Decision] = []
         dropped: list[tuple[PendingRequest, RejectReason, str]] = []
         for group_id, old in old_groups.items():
@@ -423,8 +440,9 @@ class PoolScheduler:
         """A frozen snapshot: queue depth, every provider's slots, and the counters."""
         providers = [provider_statistics(slot) for slot in self._slots.values()]
         providers.extend(provider_statistics(slot) for slot in self._retired.values())
+        derived = self._policy.derived
         groups = tuple(
-            GroupStatistics(group_id, len(group.members), group.panic)
+            GroupStatistics(group_id, len(group.members), group.panic, derived.get(group_id))
             for group_id, group in self._groups.items()
         )
         return PoolStatistics(
@@ -464,7 +482,7 @@ class PoolScheduler:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _install(self, policy: PoolPolicy) -> None:
+    def _install(self, policy: PoolPolicy, now: float | None = None) -> None:
         """Build slots and groups for ``policy``, keeping counts, queues and rotations."""
         old_groups = self._groups
         slots: dict[ProviderKey, ProviderSlot] = {}
@@ -502,13 +520,24 @@ class PoolScheduler:
                     group.add_member(slot, stamps.get(key))
             if group.update_panic():
                 self._reoffer(group)
-            if (old is not None and old.panic) is not group.panic:
+            changed = (old is not None and old.panic) is not group.panic
+            if changed and group_id not in policy.derived:
                 self._events.append((group_id, _panic_event(group)))
             groups[group_id] = group
         self._groups = groups
         self._policy = policy
         self._max_queue = policy.max_queue
         self._timeout = policy.queue_timeout_s
+        if self._idle_probes and now is not None:
+            self._start_idle_probes(now)  # providers added, enabled again, or given a check
+
+    def _start_idle_probes(self, now: float) -> None:
+        policy = self._policy.health
+        for slot in self._slots.values():
+            health = slot.health
+            health.idle_probes = True
+            if slot.enabled and health.arm_idle(now, policy):
+                self._health_timers.arm(slot)
 
     def _release(
         self,
@@ -546,6 +575,7 @@ class PoolScheduler:
                 self._retired.pop(slot.key, None)
             return failing is not None and self._fail_over(failing, slot.key, now, decisions)
         health = slot.health
+        health.quiet_since = now  # (an attempt ended: idle probes wait a probe_interval)
         trial = health.trial is lease
         if slot.enabled and (outcome is not None or trial):
             if trial:
@@ -799,7 +829,13 @@ class PoolScheduler:
         for slot in self._health_timers.due(now):
             if not slot.enabled or self._slots.get(slot.key) is not slot:
                 continue  # disabled or removed: it starts over when it comes back
-            for event in slot.health.advance(now, policy):
+            health = slot.health
+            out = health.out
+            events = health.advance(now, policy, slot.in_flight > 0)
+            if not events and health.out is out and slot.usable is health.usable:
+                self._health_timers.arm(slot)  # an idle check that found traffic: nothing else
+                continue
+            for event in events:
                 self._events.append((slot.key, event))
             self._health_changed(slot, now, decisions)
 
@@ -816,13 +852,16 @@ class PoolScheduler:
         returns whether it was retried."""
         slot.usable = slot.health.usable
         touched = [slot]
+        derived = self._policy.derived
         for membership in slot.memberships:
             group = membership.group
             if group.update_panic():
-                self._events.append((group.group_id, _panic_event(group)))
+                if group.group_id not in derived:  # (a model's panic is reported once)
+                    self._events.append((group.group_id, _panic_event(group)))
                 self._reoffer(group)
                 touched.extend(m.slot for m in group.members if m.slot is not slot)
         slot.changed()
+        slot.health.arm_idle(now, self._policy.health)
         self._health_timers.arm(slot)
         retried = failing is not None and self._fail_over(failing, slot.key, now, decisions)
         if self._pending:

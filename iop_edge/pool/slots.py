@@ -29,7 +29,7 @@ class ProviderSlot:
     A slot record outlives its provider's removal from the policy while leases still hold it
     (``in_policy`` false), so those leases release into the right counters. ``health`` is its
     :class:`ProviderHealth`; ``usable`` caches ``health.usable`` (read on every offer), kept
-    in step by the scheduler.
+    in step by the scheduler. ``retry_on``: the retry classes its failures fail over on.
     """
 
     __slots__ = (
@@ -43,6 +43,7 @@ class ProviderSlot:
         "long_in_flight",
         "memberships",
         "priority",
+        "retry_on",
         "usable",
     )
 
@@ -54,6 +55,7 @@ class ProviderSlot:
         self.capacity = policy.capacity
         self.long_capacity = policy.long_context_capacity
         self.priority = policy.priority
+        self.retry_on = policy.retry_on
         self.enabled = policy.enabled
         self.in_policy = True
         self.health = ProviderHealth(policy.probe)
@@ -68,6 +70,7 @@ class ProviderSlot:
         self.capacity = policy.capacity
         self.long_capacity = policy.long_context_capacity
         self.priority = policy.priority
+        self.retry_on = policy.retry_on
         self.enabled = policy.enabled
         self.in_policy = True
 

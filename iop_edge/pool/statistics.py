@@ -54,9 +54,12 @@ class ProviderStatistics:
     Removed from the policy but still leased: ``status="removed"``, ``health="disabled"``,
     capacities 0, listed after the policy's providers until its last lease is released.
     ``in_flight`` counts every held lease (long ones included); ``long_in_flight`` the long ones.
-    Health detail: ``consecutive_failures`` and ``last_failure`` (a sentence), ``held_until``
-    (a 429's ``Retry-After``), counters ``ejections``, ``probes_ok``, ``probes_failed``. Times
-    are the scheduler's monotonic seconds.
+    Health detail: ``consecutive_failures`` (failed requests and failed idle probes since the
+    last success) and ``last_failure`` (a sentence), ``held_until`` (a 429's ``Retry-After``),
+    ``probes_trusted`` (false once its probes pass while its requests fail: a probe no longer
+    ends its ejection, until a request succeeds), counters ``ejections``, ``probes_ok``,
+    ``probes_failed`` (probes of ejected and of idle providers). Times are the scheduler's
+    monotonic seconds.
     """
 
     node_id: str
@@ -77,16 +80,20 @@ class ProviderStatistics:
     ejections: int = 0
     probes_ok: int = 0
     probes_failed: int = 0
+    probes_trusted: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class GroupStatistics:
     """One model group: its enabled members, and whether it is in panic (every one of them
-    ejected or held, so health is ignored for it)."""
+    ejected or held, so health is ignored for it). ``derived_from``: the model whose providers
+    a derived group shares (its ``[completions]`` or ``[embeddings]`` group), whose panic
+    alone is reported; ``None`` for a model's own group."""
 
     group_id: str
     members: int
     panic: bool
+    derived_from: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +122,8 @@ class PoolStatistics:
     ``submitted`` + ``failovers`` = ``admitted`` + sum(``rejected``) + ``queue_depth`` always
     holds; ``released`` counts first releases, ``double_releases`` the ignored repeats;
     ``inherited`` counts the leases taken over from another process (a handover), released
-    like any (so ``released`` may exceed ``admitted`` by up to ``inherited``).
+    like any: ``released + in_flight == admitted + inherited`` always holds, so at rest
+    ``released == admitted + inherited``.
     """
 
     queue_depth: int
@@ -173,7 +181,7 @@ def provider_statistics(slot: ProviderSlot) -> ProviderStatistics:
         in_flight=slot.in_flight,
         long_in_flight=slot.long_in_flight,
         priority=slot.priority,
-        consecutive_failures=state.failures,
+        consecutive_failures=state.consecutive_failures,
         last_failure=state.last_failure,
         ejected_until=state.ejected_until,
         half_open=state.half_open,
@@ -181,4 +189,5 @@ def provider_statistics(slot: ProviderSlot) -> ProviderStatistics:
         ejections=state.ejections_total,
         probes_ok=state.probes_ok,
         probes_failed=state.probes_failed,
+        probes_trusted=state.probes_trusted,
     )

@@ -83,14 +83,16 @@ def process_gone(pid: int) -> bool:
 def leaks(daemon: Daemon, *, processes: bool = True) -> dict[str, int]:
     """Everything that should be zero once the edge is at rest; any non-zero value is a leak.
 
-    ``unreleased`` is ``admitted - released``; ``unaccounted`` breaks the scheduler's identity
-    ``submitted + failovers == admitted + sum(rejected) + queue_depth``.
+    ``unreleased`` is ``admitted + inherited - released`` (a process started by a handover
+    also releases the leases it inherited from the old one: at rest ``released == admitted +
+    inherited``); ``unaccounted`` breaks the scheduler's identity ``submitted + failovers ==
+    admitted + sum(rejected) + queue_depth``.
     """
     stats = daemon.scheduler.statistics()
     found = {
         "in_flight": stats.in_flight,
         "queue_depth": stats.queue_depth,
-        "unreleased": stats.admitted - stats.released,
+        "unreleased": stats.admitted + stats.inherited - stats.released,
         "double_releases": stats.double_releases,
         "unaccounted": stats.submitted
         + stats.failovers

@@ -116,6 +116,11 @@ def test_pool_policy_carries_every_provider_and_group():
         embeddings_group("chat"): (("gpu-1", "vllm-a"), ("gpu-1", "ollama-b")),
         route_group("legacy"): (("gpu-1", "route:legacy"),),  # its node, from the config
     }
+    # A model's derived groups: their panic is reported under the model alone.
+    assert dict(policy.derived) == {
+        completions_group("chat"): "chat",
+        embeddings_group("chat"): "chat",
+    }
 
 
 def test_the_known_principals_are_the_tokens_and_principals_or_anonymous():

@@ -170,6 +170,14 @@ LIVE = [
         [],
     ),
     (
+        "retry_on",
+        on_provider("vllm-a", retry_on=["connect"]),
+        "nodes[gpu-1].providers[vllm-a].retry_on",
+        ["gpu-1"],
+        ["vllm-a"],
+        [],
+    ),
+    (
         "model added",
         lambda d: d["models"].append(
             {"id": "new", "context_window_tokens": 100, "providers": ["vllm-a"]}

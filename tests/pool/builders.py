@@ -6,6 +6,7 @@ hold), failures of each kind, and small policies, leases and views of a schedule
 from __future__ import annotations
 
 from iop_edge.pool import (
+    RETRY_CLASSES,
     Decision,
     Dispatch,
     Failure,
@@ -42,6 +43,7 @@ def provider(
     priority: int = 0,
     enabled: bool = True,
     probe: bool = False,
+    retry_on: frozenset[str] = frozenset(RETRY_CLASSES),
 ) -> ProviderPolicy:
     return ProviderPolicy(
         node_id=node,
@@ -51,6 +53,7 @@ def provider(
         priority=priority,
         enabled=enabled,
         probe=probe,
+        retry_on=retry_on,
     )
 
 

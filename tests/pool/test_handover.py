@@ -53,3 +53,27 @@ def test_inherited_leases_may_pass_the_capacity_and_count_toward_a_principals_ca
     assert scheduler.release(first, 1.0) == []  # still at capacity
     assert dispatched(scheduler.release(second, 2.0)) == [(waiting.request_id, "a")]
     check_counters(scheduler)
+
+
+def test_released_is_admitted_plus_inherited_once_idle() -> None:
+    """After a handover the new process releases the leases it inherited as well as those it
+    granted: ``released`` passes ``admitted``, by ``inherited`` exactly once at rest — and
+    ``released + in_flight == admitted + inherited`` at every step (nothing leaks)."""
+    scheduler = PoolScheduler(pool([provider("a", capacity=3)]))
+
+    def balanced() -> None:
+        stats = scheduler.statistics()
+        assert stats.released + stats.in_flight == stats.admitted + stats.inherited
+
+    inherited = [scheduler.inherit(key("a"), principal="app", now=0.0) for _ in range(2)]
+    balanced()
+    own = scheduler.submit("m", now=0.5).request.lease
+    assert own is not None
+    balanced()
+    for lease in (*inherited, own):
+        assert lease is not None
+        scheduler.release(lease, 1.0)
+        balanced()
+    stats = scheduler.statistics()
+    assert (stats.admitted, stats.inherited, stats.released, stats.in_flight) == (1, 2, 3, 0)
+    assert stats.released == stats.admitted + stats.inherited

@@ -191,7 +191,9 @@ def test_failed_probes_renew_the_ejection_at_its_end_doubled() -> None:
     health.probed(False, "connection refused", 0.875, POLICY)
     events = health.advance(1.0, POLICY)
     assert events == [
-        HealthEvent("ejected", failures=2, reason="connection refused", until=1.0 + 2.0)
+        HealthEvent(
+            "ejected", failures=2, reason="connection refused", until=1.0 + 2.0, probes_trusted=True
+        )
     ]
     assert health.ejected
     assert not health.half_open

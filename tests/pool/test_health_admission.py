@@ -4,6 +4,8 @@ recovery, the half-open trial, 429 holds, panic.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from iop_edge.pool import (
@@ -150,7 +152,13 @@ def test_failed_probes_renew_the_ejection_doubled_and_probing_goes_on() -> None:
     assert scheduler.take_events() == [
         (
             key("a"),
-            HealthEvent("ejected", failures=2, reason="GET /models: connection refused", until=3.0),
+            HealthEvent(
+                "ejected",
+                failures=2,
+                reason="GET /models: connection refused",
+                until=3.0,
+                probes_trusted=True,
+            ),
         )
     ]
     a = shown(scheduler, "a")
@@ -354,3 +362,40 @@ def test_panic_ends_when_a_probe_recovers_a_member() -> None:
         ("m", HealthEvent("panic_over")),
     ]
     assert not panic(scheduler)
+
+
+def test_a_models_panic_is_reported_once_not_again_for_its_derived_groups() -> None:
+    """``m[completions]`` and ``m[embeddings]`` share m's providers and panic with it; one
+    outage is one report, under ``m``. The derived groups still ignore health while in panic
+    (their statistics say so, and whose model they belong to)."""
+    groups = {"m": ["a", "b"], "m[completions]": ["a", "b"], "m[embeddings]": ["a"]}
+    derived = {"m[completions]": "m", "m[embeddings]": "m"}
+    policy = dataclasses.replace(
+        pool([provider("a", capacity=2), provider("b", capacity=2, priority=1)], groups),
+        derived=derived,
+    )
+    scheduler = PoolScheduler(policy)
+    eject(scheduler, "a")  # m[embeddings] (a alone) panics: not reported, m is not in panic
+    assert [e for e in scheduler.take_events() if isinstance(e[0], str)] == []
+    assert panic(scheduler, "m[embeddings]")
+    for _ in range(2):
+        lease = lease_of(scheduler, now=0.25)
+        assert lease.provider_id == "b"
+        scheduler.release(lease, 0.25, REFUSED)
+    assert [e for e in scheduler.take_events() if isinstance(e[0], str)] == [
+        ("m", HealthEvent("panic"))
+    ]
+    assert scheduler.statistics().groups == (
+        GroupStatistics("m", 2, True),
+        GroupStatistics("m[completions]", 2, True, derived_from="m"),
+        GroupStatistics("m[embeddings]", 1, True, derived_from="m"),
+    )
+    scheduler.expire(1.0)  # a's ejection ends: every group's panic is over, reported once
+    assert [e for e in scheduler.take_events() if isinstance(e[0], str)] == [
+        ("m", HealthEvent("panic_over"))
+    ]
+
+
+def test_a_derived_group_must_name_groups_of_the_policy() -> None:
+    with pytest.raises(ValueError, match="both must be model groups"):
+        dataclasses.replace(pool([provider("a")]), derived={"m[completions]": "m"})

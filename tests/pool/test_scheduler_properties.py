@@ -50,6 +50,7 @@ from iop_edge.pool import (
     OK,
     PROBE,
     REJECTION_COUNTERS,
+    RETRY_CLASSES,
     Decision,
     Dispatch,
     Failure,
@@ -67,6 +68,7 @@ from iop_edge.pool import (
     Rejection,
     RequestState,
     SlotLease,
+    may_retry,
 )
 
 KEYS: list[ProviderKey] = [("n1", "a"), ("n1", "b"), ("n2", "c"), ("n2", "d")]
@@ -74,6 +76,7 @@ GROUPS = ["g0", "g1", "g2"]
 
 FAILURES = [
     Failure("connect", "connection refused"),
+    Failure("dropped", "the connection dropped before the response head"),
     Failure("timeout", "no response head in time"),
     Failure("status_5xx", "the provider answered 503"),
     Failure("exit", "the command exited 1"),
@@ -96,6 +99,11 @@ def provider_policies(draw: st.DrawFn, key: ProviderKey) -> ProviderPolicy:
         priority=draw(st.integers(0, 2)),
         enabled=draw(st.sampled_from([True, True, True, False])),
         probe=draw(st.booleans()),
+        retry_on=draw(
+            st.one_of(
+                st.just(frozenset(RETRY_CLASSES)), st.frozensets(st.sampled_from(RETRY_CLASSES))
+            )
+        ),
     )
 
 
@@ -207,11 +215,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.probe_failed: set[ProviderKey] = set()  # a probe failed during this ejection
         self.trial: dict[ProviderKey, SlotLease] = {}  # the half-open trial lease
         self.probes: list[ProviderKey] = []  # probes asked for and not answered yet
+        self.probe_sent: dict[ProviderKey, float] = {}  # when the running probe was asked for
+        # Trust in probes: a probe ended the last ejection (and no request succeeded since);
+        # distrusted: ejected again by requests after that, until a request succeeds.
+        self.probe_recovered: set[ProviderKey] = set()
+        self.distrusted: set[ProviderKey] = set()
+        self.retry_on: dict[ProviderKey, frozenset[str]] = {}  # each provider's last rule
         self.panics: dict[str, bool] = {}
 
     @initialize(policy=pool_policies())
     def start(self, policy: PoolPolicy) -> None:
         self.policy = policy
+        self.retry_on.update((p.key, p.retry_on) for p in policy.providers)
         self.scheduler = PoolScheduler(policy)
         self.stats = self.scheduler.statistics()
         self.panics = {g.group_id: g.panic for g in self.stats.groups}
@@ -344,6 +359,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.probe_failed.discard(key)
                 self.ejected_at.pop(key, None)
                 self.probes = [k for k in self.probes if k != key]
+                self.probe_recovered.discard(key)
+                self.distrusted.discard(key)
             if not self.half_open(self.stats, key):
                 self.trial.pop(key, None)
         has_events = self.scheduler.has_events
@@ -378,6 +395,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert p.ejected_until is not None
                 assert key not in self.probes, "a second probe while one runs"
                 self.probes.append(key)
+                self.probe_sent[key] = self.now
                 continue
             assert isinstance(event, HealthEvent)
             seen.setdefault(key, []).append(event.kind)
@@ -395,6 +413,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert step.outcome is not None
                     assert step.outcome[0] == key
                     assert isinstance(step.outcome[1], Failure)
+                    if key in self.probe_recovered:
+                        self.distrusted.add(key)  # probes pass, requests fail
+                can_probe = self.grouped_provider(key).probe
+                assert event.probes_trusted == ((key not in self.distrusted) if can_probe else None)
                 self.run[key] += 1
                 self.ejections[key] += 1
                 self.ejected_at[key] = self.now
@@ -406,6 +428,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             elif event.kind == "recovered":
                 if event.via == "probe":
                     assert step.probe == (key, True)
+                    assert key not in self.distrusted
+                    self.probe_recovered.add(key)
                 else:
                     assert step.kind == "release"
                     assert step.outcome == (key, OK)
@@ -460,7 +484,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             key, ok = step.probe
             was = self.shown(before, key)
             if was is not None and was.enabled:
-                recovers = ok and (was.ejected_until is not None or was.half_open)
+                recovers = ok and self.probe_counts(key, was) and was.probes_trusted
                 assert ("recovered" in seen.get(key, [])) is recovers
         if step.kind == "advance":
             for p in before.providers:
@@ -651,6 +675,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 return  # an answer to a request sent before the ejection says nothing now
             self.failures[key] = 0
             self.run[key] = 0
+            self.probe_recovered.discard(key)
+            self.distrusted.discard(key)
         elif isinstance(outcome, Failure) and outcome.kind != "status_429":
             self.failures[key] += 1
 
@@ -711,7 +737,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             for k in self.policy.groups.get(request.group_id, ())
             if k not in tried and self.enabled(k) and (in_panic or not self.out(self.stats, k))
         ]
-        expected = len(tried) < self.policy.max_attempts and bool(untried)
+        expected = (
+            may_retry(failure.kind, self.retry_on[lease.key])
+            and len(tried) < self.policy.max_attempts
+            and bool(untried)
+        )
         deadline = self.deadline(request)
         if deadline is not None and self.now >= deadline:
             # Past its deadline it is retried only onto a slot free at once (never to wait).
@@ -744,16 +774,27 @@ class SchedulerMachine(RuleBasedStateMachine):
         was = self.shown(self.stats, key)
         assert was is not None
         assert was.enabled
+        counts = self.probe_counts(key, was)
         if ok:
             self.probes_ok[key] += 1
-            if was.ejected_until is not None or was.half_open:
+            if counts and key not in self.distrusted:
                 self.failures[key] = 0
+            elif counts and was.ejected_until is not None:
+                self.probe_failed.discard(key)  # distrusted: it only says probes pass
         else:
             self.probes_failed[key] += 1
-            if was.ejected_until is not None:
+            if counts and was.ejected_until is not None:
                 self.probe_failed.add(key)
         reason = None if ok else "GET /models: connection refused"
         self.finish(self.scheduler.probed(key, ok, reason, self.now), step)
+
+    def probe_counts(self, key: ProviderKey, was: ProviderStatistics) -> bool:
+        """Whether a probe result of ``key`` (as ``was`` before it) speaks of its ejection: it
+        is ejected or half-open, and the probe was sent during this ejection."""
+        ejected_at = self.ejected_at.get(key)
+        return (was.ejected_until is not None or was.half_open) and (
+            ejected_at is None or self.probe_sent[key] >= ejected_at
+        )
 
     @rule(dt=st.sampled_from([0.0, 0.125, 0.25, 0.5, 1.0, 2.5]))
     def advance(self, dt: float) -> None:
@@ -776,6 +817,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         policy = data.draw(tweaked_policies(self.policy))
         step = self.begin("apply")
         self.policy = policy
+        self.retry_on.update((p.key, p.retry_on) for p in policy.providers)
         self.finish(self.scheduler.apply_policy(policy, self.now), step)
 
     # -- invariants -----------------------------------------------------------------------
@@ -842,6 +884,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.ejections[key],
             )
             assert (p.probes_ok, p.probes_failed) == (self.probes_ok[key], self.probes_failed[key])
+            assert p.probes_trusted is (key not in self.distrusted)
 
     @invariant()
     def statistics_agree_with_the_fates(self) -> None:

@@ -383,13 +383,14 @@ async def edge_metrics(edge: EdgeProcess) -> dict[str, float]:
 
 
 def status_leaks(status: dict[str, Any]) -> dict[str, int]:
-    """What ``/admin/status`` shows still held: slots in flight, the queue, admissions not
-    released, double releases. Empty when the edge is at rest."""
+    """What ``/admin/status`` shows still held: slots in flight, the queue, admissions (and
+    leases inherited by a handover) not released, double releases. Empty when the edge is at
+    rest."""
     counters = status["counters"]
     held = {
         "in_flight": sum(p["in_flight"] for p in status["providers"]),
         "queue_depth": status["queue"]["depth"],
-        "unreleased": counters["admitted"] - counters["released"],
+        "unreleased": counters["admitted"] + counters["inherited"] - counters["released"],
         "double_releases": counters["double_releases"],
     }
     return {name: value for name, value in held.items() if value}

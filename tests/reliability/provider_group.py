@@ -199,7 +199,7 @@ async def all_released(edge: Edge) -> PoolStatistics:
     await wait_for(lambda: scheduler.statistics().in_flight == 0)
     stats = scheduler.statistics()
     assert (stats.in_flight, stats.double_releases) == (0, 0)
-    assert stats.released == stats.admitted
+    assert stats.released == stats.admitted + stats.inherited
     assert stats.submitted + stats.failovers == (
         stats.admitted + stats.rejected_total + stats.queue_depth
     )
@@ -232,7 +232,7 @@ class Fault:
 
 HTTP_FAULTS = {
     "refused": Fault("connect", refused=True),
-    "disconnect": Fault("connect", FakeBehavior(fault="disconnect")),
+    "disconnect": Fault("dropped", FakeBehavior(fault="disconnect")),
     "timeout": Fault("timeout", FakeBehavior(latency=5.0), (("request_timeout_ms", SHORT_MS),)),
     "500": Fault("status_5xx", FakeBehavior(status=500)),
     "502": Fault("status_5xx", FakeBehavior(status=502)),
@@ -241,11 +241,15 @@ HTTP_FAULTS = {
     "429": Fault("status_429", FakeBehavior(status=429)),
     "429-retry-after": Fault("status_429", FakeBehavior(status=429, retry_after="7")),
 }
+EVERY_CLASS = ("retry_on", ["connect", "timeout_before_head", "5xx"])
+"""A cli provider's ``retry_on`` widened to every class (its default is ``[connect]``)."""
 CLI_FAULTS = {
-    "cannot-spawn": Fault("exit", fields=(("command", "/nonexistent/agent-binary"),)),
-    "exit-before-output": Fault("exit", options=("--exit-code", "3", "--stderr", "boom")),
+    "cannot-spawn": Fault("connect", fields=(("command", "/nonexistent/agent-binary"),)),
+    "exit-before-output": Fault(
+        "exit", fields=(EVERY_CLASS,), options=("--exit-code", "3", "--stderr", "boom")
+    ),
     "timeout-before-output": Fault(
-        "timeout", fields=(("request_timeout_ms", SHORT_MS),), options=("--hang",)
+        "timeout", fields=(("request_timeout_ms", SHORT_MS), EVERY_CLASS), options=("--hang",)
     ),
 }
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -331,3 +333,54 @@ async def test_a_request_waiting_for_its_retry_keeps_its_arrival_time_and_can_le
         status_code="503",
     )
     assert metrics[errors] == 1
+
+
+# --- retry_on: what may run twice is not retried ----------------------------------------------
+
+
+def side_effect_agent(pid: str, ran: Path, **fields: Any) -> dict[str, Any]:
+    """A cli provider whose command does its work (appends its id to ``ran``), then exits 1
+    before any output: a failure before the first byte, after the side effect."""
+    return {
+        "id": pid,
+        "type": "cli",
+        "category": "cli",
+        "adapter": "shell",
+        "command": "/bin/sh",
+        "args": ["-c", f'echo {pid} >> "{ran}"; exit 1'],
+        "models": ["fake-model"],
+        **fields,
+    }
+
+
+@pytest.mark.parametrize("retry_on", [None, ["connect", "5xx"]], ids=["default", "connect-5xx"])
+async def test_a_cli_failure_after_its_side_effect_runs_once_unless_retry_on_says_5xx(
+    tmp_path, log_stream, retry_on
+):
+    """Issue 25: three cli providers, ``max_attempts: 3``, each command appends to a file and
+    exits 1 before any output. By default (``retry_on: [connect]``) the side effect runs once
+    and the client gets that provider's ``upstream_error``; with ``retry_on: [connect, 5xx]``
+    the request fails over and the work runs on each provider."""
+    ran = tmp_path / "ran.txt"
+    fields = {} if retry_on is None else {"retry_on": retry_on}
+    agents = [side_effect_agent(f"agent-{n}", ran, **fields) for n in range(3)]
+    async with running(tmp_path, group_doc(*agents, max_attempts=3)) as (edge, _):
+        async with sdk_for(edge) as sdk:
+            with pytest.raises(openai.InternalServerError) as caught:
+                await chat(sdk, "do it once")
+        metrics = await edge.metrics()
+        stats = await all_released(edge)
+        failures = [provider(edge, a["id"]).consecutive_failures for a in agents]
+    runs = ran.read_text().split()
+    assert (caught.value.status_code, caught.value.code) == (502, "upstream_error")
+    [line] = log_events(log_stream, "request")
+    if retry_on is None:
+        assert runs == ["agent-0"]
+        assert failures == [1, 0, 0]  # not retried, still counted for its health
+        assert (stats.admitted, stats.failovers, line["attempts"]) == (1, 0, 1)
+        assert failovers(metrics) == {}
+    else:
+        assert sorted(runs) == ["agent-0", "agent-1", "agent-2"]
+        assert failures == [1, 1, 1]
+        assert (stats.admitted, stats.failovers, line["attempts"]) == (3, 2, 3)
+        assert failovers(metrics) == {"exit": 2}
