@@ -536,6 +536,8 @@ class Provider(ExecutionFields):
     and always cleared in an effective config. ``health_check`` is always a
     :class:`HealthCheck` or ``false`` in an effective config (omitted: the type's default,
     ``GET /models`` for openai_compat, ``GET /api/tags`` for ollama, none for cli).
+    ``first_token_timeout_ms`` / ``stream_idle_timeout_ms`` bound a stream's first frame and
+    each gap between frames (live: scheduling policy, carried to each request by the catalog).
     """
 
     id: Ref
@@ -548,6 +550,8 @@ class Provider(ExecutionFields):
     long_context_capacity: NonNegative = 1
     total_context_tokens: Positive | None = None
     priority: NonNegative = 0
+    first_token_timeout_ms: Positive | None = None
+    stream_idle_timeout_ms: Positive | None = None
     max_queue: NonNegative | None = None
     queue_timeout_ms: NonNegative | None = None
     health_check: HealthCheckSetting = False
