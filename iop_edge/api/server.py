@@ -405,10 +405,11 @@ class OpenAIServer:
         if not catalog.permits(share, model_id):
             # Exactly as an unknown model: the allow-list leaks no model's existence (only the
             # log line says why).
-            record.error = (
-                f"the principal '{share}' may not use the model '{model_id}' "
-                f"(provider_pool.principals[{share}].models); answered as an unknown model"
-            )
+            if model_id in catalog.models or model_id in catalog.routes:
+                record.error = (
+                    f"the principal '{share}' may not use the model '{model_id}' "
+                    f"(provider_pool.principals[{share}].models); answered as an unknown model"
+                )
             raise _model_not_found(model_id)
         model = catalog.models.get(model_id)
         if model is None:
