@@ -55,8 +55,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
     "Endpoint",
-    "StreamBounds",
     "Executor",
+    "StreamBounds",
     "UnsupportedRequestError",
     "UpstreamCall",
     "UpstreamReply",

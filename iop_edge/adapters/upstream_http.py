@@ -52,12 +52,12 @@ __all__ = [
     "MAX_RESPONSE_BYTES",
     "Deadlines",
     "Exchange",
-    "connection_closed",
-    "exchange_failure",
     "HttpBackend",
     "HttpTarget",
     "LineTranslator",
     "ResponseTooLarge",
+    "connection_closed",
+    "exchange_failure",
     "not_an_answer",
     "probe",
     "read_capped",
@@ -438,6 +438,7 @@ async def post_for_body(
     """
     exchange = target.deadlines.start()
     finished = False
+    response: aiohttp.ClientResponse | None = None
     try:
         response = exchange.response = await _send(backend, target, url, payload, extra, request_id)
         if response.status != 200:
@@ -457,7 +458,6 @@ async def post_for_body(
         raise exchange_failure(exchange, target, url, exc) from exc
     finally:
         exchange.end()
-        response = exchange.response
         if response is not None:
             if finished:
                 response.release()
@@ -481,6 +481,7 @@ async def post_for_stream(
     the call's stream ``bounds`` too), or the upstream's error status (400–599) as an
     :class:`UpstreamReply`; any other status raises ``upstream_error``."""
     exchange = target.deadlines.start(bounds)
+    response: aiohttp.ClientResponse | None = None
     try:
         response = exchange.response = await _send(backend, target, url, payload, extra, request_id)
         if response.status != 200:
@@ -490,9 +491,9 @@ async def post_for_stream(
             return reply
     except BaseException as exc:
         exchange.end()
-        if exchange.response is not None:
-            protocol = _protocol(exchange.response)
-            exchange.response.close()
+        if response is not None:
+            protocol = _protocol(response)
+            response.close()
             await connection_closed(protocol)
         if isinstance(exc, asyncio.CancelledError) and exchange.timed_out():
             raise exchange_failure(exchange, target, url, TimeoutError()) from None

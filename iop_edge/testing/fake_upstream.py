@@ -125,9 +125,10 @@ class FakeUpstream:
     **Observation**: :attr:`requests` keeps the last ``record_limit`` requests of every kind;
     :attr:`in_flight`, :attr:`max_in_flight`, :attr:`total_requests`, :attr:`completed` and
     :attr:`cancelled` count generation requests; :attr:`open_connections` and
-    :attr:`max_open_connections` count connections as the server sees them; :meth:`wait_until` and its shorthands
-    (:meth:`wait_in_flight`, :meth:`wait_requests`, :meth:`wait_idle`) return as soon as the
-    counters satisfy a condition, so tests never sleep.
+    :attr:`max_open_connections` count connections as the server sees them;
+    :meth:`wait_until` and its shorthands (:meth:`wait_in_flight`, :meth:`wait_requests`,
+    :meth:`wait_idle`) return as soon as the counters satisfy a condition, so tests never
+    sleep.
     """
 
     def __init__(

@@ -20,6 +20,7 @@ SetFactory = Callable[..., AdapterSet]
 # 200 words of 5 bytes; the fake stops after 100 of them and hangs: only a cut ends the call
 # before request_timeout_ms.
 LONG = "word " * 200
+REPLY = ["--reply", LONG, "--hang-after", "100"]
 
 
 def long_answer(sets: SetFactory, output_format: str) -> tuple[AdapterSet, Any]:
@@ -29,8 +30,7 @@ def long_answer(sets: SetFactory, output_format: str) -> tuple[AdapterSet, Any]:
                 "name": "shell",
                 "type": "cli",
                 "command": FAKE_CLI[0],
-                "args": [*FAKE_CLI[1:], "--format", output_format, "--reply", LONG,
-                         "--hang-after", "100"],  # fmt: skip
+                "args": [*FAKE_CLI[1:], "--format", output_format, *REPLY],
                 "output_format": output_format,
             }
         ],
@@ -49,7 +49,8 @@ async def test_a_cli_answer_is_cut_at_max_tokens(
     sets: SetFactory, output_format: str, field: str
 ) -> None:
     adapter_set, executor = long_answer(sets, output_format)
-    call = chat("write a lot", estimated_prompt_tokens=7, **{field: 10})
+    limit: dict[str, Any] = {field: 10}
+    call = chat("write a lot", estimated_prompt_tokens=7, **limit)
     answer = reply_json(await executor.complete(call))
     assert live_groups(adapter_set) == 0  # the group was ended, and reaped before the answer
     [choice] = answer["choices"]

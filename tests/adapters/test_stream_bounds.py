@@ -96,10 +96,14 @@ def cli_executor(sets: SetFactory, args: list[str], output_format: str = "text")
 async def first_frame_error(executor: Any, call: UpstreamCall) -> AdapterError:
     """The error of a stream that fails before its first frame (from open_stream, or from the
     first step of its frames — where the server looks for it, before the response head)."""
-    with pytest.raises(AdapterError) as caught:
+
+    async def start() -> bytes:
         opened = await executor.open_stream(call)
         assert isinstance(opened, UpstreamStream)
-        await opened.first()
+        return await opened.first()
+
+    with pytest.raises(AdapterError) as caught:
+        await start()
     return caught.value
 
 
@@ -154,7 +158,9 @@ async def test_a_first_event_in_time_meets_the_bound(
     if kind == "cli":
         executor = cli_executor(sets, [])
     else:
-        executor = http_executor(sets, kind, (fake_oa if kind == "openai_compat" else fake_ol).base_url)
+        executor = http_executor(
+            sets, kind, (fake_oa if kind == "openai_compat" else fake_ol).base_url
+        )
     opened = await executor.open_stream(
         streamed(bounds=StreamBounds(first_token_ms=BOUND_MS, idle_ms=BOUND_MS))
     )
@@ -239,13 +245,16 @@ async def test_a_cli_stream_that_dies_never_ends_clean(
     if output_format == "json-lines-broken":
         script = (  # the broken line after a pause: it fails mid-stream, not before it
             "import sys, time; sys.stdin.read(); "
-            "print('{\"type\": \"content\", \"content\": \"fine\"}', flush=True); "
+            'print(\'{"type": "content", "content": "fine"}\', flush=True); '
             "time.sleep(0.2); print('not json')"
         )
         adapter = {"command": sys.executable, "args": ["-c", script]}
         output_format = "stream-json"
     else:
-        adapter = {"command": FAKE_CLI[0], "args": [*FAKE_CLI[1:], "--format", output_format, *args]}
+        adapter = {
+            "command": FAKE_CLI[0],
+            "args": [*FAKE_CLI[1:], "--format", output_format, *args],
+        }
     adapter_set = sets(
         [{"name": "shell", "type": "cli", "output_format": output_format, **adapter}],
         [{"id": "c1", "type": "cli", "adapter": "shell", **provider}],

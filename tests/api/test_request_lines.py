@@ -63,17 +63,23 @@ async def test_an_allow_list_denial_is_a_404_whose_log_line_says_why(
 ) -> None:
     """The principal may use ``echo`` only: asking for ``chat`` gets exactly the unknown
     model's answer, while the log line names the principal, the model and the rule."""
-    async with FakeOpenAI() as fake, edge_on(
-        tmp_path, with_token(doc_for(fake), models=["echo"])
-    ) as edge:
+    async with (
+        FakeOpenAI() as fake,
+        edge_on(tmp_path, with_token(doc_for(fake), models=["echo"])) as edge,
+    ):
         url = edge.daemon.openai_url
         async with openai.AsyncOpenAI(base_url=url, api_key=TOKEN, max_retries=0) as client:
             with pytest.raises(openai.NotFoundError) as denied:
                 await client.chat.completions.create(model="chat", messages=HELLO)
             with pytest.raises(openai.NotFoundError) as unknown:
                 await client.chat.completions.create(model="nope", messages=HELLO)
-    assert denied.value.body == {**unknown.value.body, "message": denied.value.body["message"]}  # type: ignore[dict-item]
-    assert denied.value.body["message"] == unknown.value.body["message"].replace("nope", "chat")  # type: ignore[index]
+    denied_body: Any = denied.value.body
+    unknown_body: Any = unknown.value.body
+    assert denied_body == {
+        **unknown_body,
+        "message": unknown_body["message"].replace("nope", "chat"),
+    }
+
     refused, absent = request_lines(log_stream)
     assert (refused["status"], refused["code"]) == (absent["status"], absent["code"])
     assert refused["error"] == (
@@ -97,7 +103,10 @@ async def test_a_refused_models_request_is_logged_and_counted(
             async with session.get(url, headers={"Authorization": f"Bearer {TOKEN}"}) as ok:
                 assert ok.status == 200  # (an answer is not a use of a model: not counted)
         metrics = await edge.metrics()
-    key = "iop_edge_requests_total[('code', 'invalid_api_key'), ('model', '(unknown)'), ('token_ref', '(none)')]"
+    key = (
+        "iop_edge_requests_total[('code', 'invalid_api_key'), ('model', '(unknown)'), "
+        "('token_ref', '(none)')]"
+    )
     assert metrics[key] == 2
     lines = request_lines(log_stream)
     assert [(x["endpoint"], x["status"], x["code"]) for x in lines] == [

@@ -81,10 +81,12 @@ async def fakes() -> AsyncIterator[tuple[FakeOpenAI, FakeOpenAI]]:
 async def read_sse(url: str, model: str) -> list[bytes]:
     """The ``data:`` payloads of a streamed chat answer, read raw."""
     body = {"model": model, "stream": True, "messages": HELLO}
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{url}/chat/completions", json=body) as response:
-            assert response.status == 200
-            raw = await response.read()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/chat/completions", json=body) as response,
+    ):
+        assert response.status == 200
+        raw = await response.read()
     return [event[6:] for event in raw.split(b"\n\n") if event.startswith(b"data: ")]
 
 
@@ -99,9 +101,7 @@ async def test_no_first_event_in_time_fails_over_before_the_client_got_a_byte(
         doc = two_providers(slow, fast, first_token_timeout_ms=BOUND_MS)
         async with edge_on(tmp_path, doc) as edge, contextlib.AsyncExitStack() as stack:
             client = await stack.enter_async_context(sdk(edge.daemon.openai_url))
-            stream = await client.chat.completions.create(
-                model="chat", messages=HELLO, stream=True
-            )
+            stream = await client.chat.completions.create(model="chat", messages=HELLO, stream=True)
             text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
             await slow.wait_until(lambda: slow.cancelled == 1)
     assert text == "hello through the edge"
@@ -163,29 +163,29 @@ async def test_the_stream_bounds_change_live_on_a_refresh(
 ) -> None:
     """Both fields are live: a refresh that sets them is applied (class ``live``), and the next
     request is bounded by them without a restart; removing them lifts the bound again."""
-    async with fakes() as (slow, fast):
-        async with (
-            edge_on(tmp_path, two_providers(slow, fast)) as edge,
-            contextlib.AsyncExitStack() as stack,
-        ):
-            doc = two_providers(
-                slow, fast, first_token_timeout_ms=BOUND_MS, stream_idle_timeout_ms=BOUND_MS
-            )
-            edge.path.write_text(dump(doc))
-            result = await edge.supervisor.refresh("api")
-            assert result.result == "applied"
-            assert {(e.path, e.change_class, e.applied) for e in result.report} == {
-                ("nodes[local].providers[slow].first_token_timeout_ms", "live", True),
-                ("nodes[local].providers[slow].stream_idle_timeout_ms", "live", True),
-            }
-            slow.behavior = FakeBehavior(fault="stall", fault_after=0)
-            client = await stack.enter_async_context(sdk(edge.daemon.openai_url))
-            with pytest.raises(openai.APIStatusError) as caught:
-                await client.chat.completions.create(model="alone", messages=HELLO, stream=True)
-            assert caught.value.status_code == 504
-            slow.behavior = FakeBehavior(chunk_delay=BOUND_MS / 1000 / 4)  # well within
-            events = await read_sse(edge.daemon.openai_url, "alone")
-            assert events[-1] == b"[DONE]"
+    async with (
+        fakes() as (slow, fast),
+        edge_on(tmp_path, two_providers(slow, fast)) as edge,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        doc = two_providers(
+            slow, fast, first_token_timeout_ms=BOUND_MS, stream_idle_timeout_ms=BOUND_MS
+        )
+        edge.path.write_text(dump(doc))
+        result = await edge.supervisor.refresh("api")
+        assert result.result == "applied"
+        assert {(e.path, e.change_class, e.applied) for e in result.report} == {
+            ("nodes[local].providers[slow].first_token_timeout_ms", "live", True),
+            ("nodes[local].providers[slow].stream_idle_timeout_ms", "live", True),
+        }
+        slow.behavior = FakeBehavior(fault="stall", fault_after=0)
+        client = await stack.enter_async_context(sdk(edge.daemon.openai_url))
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(model="alone", messages=HELLO, stream=True)
+        assert caught.value.status_code == 504
+        slow.behavior = FakeBehavior(chunk_delay=BOUND_MS / 1000 / 4)  # well within
+        events = await read_sse(edge.daemon.openai_url, "alone")
+        assert events[-1] == b"[DONE]"
 
 
 # -- request_timeout_ms and a client that stopped reading -----------------------------------
