@@ -263,6 +263,13 @@ async def connection_closed(protocol: Any) -> None:
         closed.exception()  # (retrieved: a connection lost with an error is no news here)
 
 
+async def _closed_before_head() -> None:
+    """An exchange that ended before its response head: aiohttp closed the connection itself
+    (its protocol is not ours to wait on). Its socket is closed at once (uvloop) or by a
+    callback already queued for the loop's next turn (asyncio): one turn, and it is closed."""
+    await asyncio.sleep(0)
+
+
 def _protocol(response: aiohttp.ClientResponse) -> Any:
     connection = response.connection
     return connection.protocol if connection is not None else None
@@ -465,6 +472,8 @@ async def post_for_body(
                 protocol = _protocol(response)
                 response.close()
                 await connection_closed(protocol)
+        else:
+            await _closed_before_head()
 
 
 async def post_for_stream(
@@ -495,6 +504,8 @@ async def post_for_stream(
             protocol = _protocol(response)
             response.close()
             await connection_closed(protocol)
+        else:
+            await _closed_before_head()
         if isinstance(exc, asyncio.CancelledError) and exchange.timed_out():
             raise exchange_failure(exchange, target, url, TimeoutError()) from None
         if isinstance(exc, Exception) and not isinstance(exc, AdapterError):
