@@ -211,8 +211,8 @@ class EdgeMetrics:
         self.upstream_errors = Counter(
             "iop_edge_upstream_errors",
             "Failed upstream attempts by reason: error (connect, connection lost, broken "
-            "protocol, a cli exit), timeout (request_timeout_ms), status (an HTTP error "
-            "answer: status_code says which).",
+            "protocol, a cli exit), timeout (request_timeout_ms, first_token_timeout_ms, "
+            "stream_idle_timeout_ms), status (an HTTP error answer: status_code says which).",
             ["node", "provider", "reason", "status_code"],
             registry=registry,
         )

@@ -102,15 +102,16 @@ def test_a_request_an_upstream_failed_logs_at_warning(fmt):
 
 
 @pytest.mark.parametrize(
-    ("status", "raised", "level"),
+    ("status", "raised", "level", "code"),
     [
-        (500, openai.InternalServerError, "warning"),
-        (429, openai.RateLimitError, "warning"),
-        (400, openai.BadRequestError, "info"),  # the upstream refused the request: no failure
+        (500, openai.InternalServerError, "warning", "upstream_error"),
+        (429, openai.RateLimitError, "warning", "upstream_error"),
+        # the upstream refused the request: no failure (issue 25: its own code)
+        (400, openai.BadRequestError, "info", "client_error"),
     ],
 )
 async def test_an_upstream_error_answer_is_logged_at_warning_unless_it_refused_the_request(
-    tmp_path, log_stream, status, raised, level
+    tmp_path, log_stream, status, raised, level, code
 ):
     async with (
         FakeOpenAI(behavior=FakeBehavior(status=status)) as fake,
@@ -122,7 +123,7 @@ async def test_an_upstream_error_answer_is_logged_at_warning_unless_it_refused_t
                 model="chat", messages=[{"role": "user", "content": "x"}]
             )
     [line] = [x for x in lines(log_stream) if x["event"] == "request"]
-    assert (line["level"], line["code"], line["status"]) == (level, "upstream_error", status)
+    assert (line["level"], line["code"], line["status"]) == (level, code, status)
 
 
 async def test_a_refresh_logs_each_change_old_to_new_secrets_redacted(tmp_path, log_stream):

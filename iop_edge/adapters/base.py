@@ -29,7 +29,14 @@ Failure contract, the same for every adapter:
 
 ``request_timeout_ms`` (merged execution field, :data:`DEFAULT_REQUEST_TIMEOUT_MS` when unset)
 is one deadline for the whole exchange, from the call to the last frame: a stall between frames
-hits it too. Cancelling the awaiting task (client gone) aborts the upstream HTTP request or
+hits it too, and so does a frame waiting for a client that does not take it (the consumer's
+write is then cancelled: :attr:`UpstreamStream.timed_out` tells it so). A streamed call may
+carry :class:`StreamBounds` (the provider's live ``first_token_timeout_ms`` and
+``stream_idle_timeout_ms``): no first frame in time is an ``upstream_timeout`` that fails over
+(raised by ``open_stream`` or by the first step of the frames, before anything reached the
+client); a wait for the next frame past the idle bound is an ``upstream_timeout`` raised out of
+the frames. A stream that fails in any way never ends with ``[DONE]`` or a chunk with a
+``finish_reason``. Cancelling the awaiting task (client gone) aborts the upstream HTTP request or
 kills the CLI process group; :meth:`UpstreamStream.aclose` does the same for a stream abandoned
 mid-way.
 """
@@ -49,6 +56,7 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
     "Endpoint",
     "Executor",
+    "StreamBounds",
     "UnsupportedRequestError",
     "UpstreamCall",
     "UpstreamReply",
@@ -79,6 +87,21 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamBounds:
+    """A provider's bounds on a stream (live: read from the catalog per request).
+
+    ``first_token_ms``: from the call to the upstream's first frame (an SSE event, an NDJSON
+    line, a CLI's first piece of answer). ``idle_ms``: each wait for the next frame after
+    that. ``None``: no such bound (``request_timeout_ms`` still bounds the whole exchange).
+    Only streamed calls are bounded: a non-streamed answer has no first token before its whole
+    body.
+    """
+
+    first_token_ms: int | None = None
+    idle_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamCall:
     """One request to execute on a provider (or a model route)."""
 
@@ -98,6 +121,8 @@ class UpstreamCall:
     answer, whatever the upstream calls its model. Empty: the target."""
     estimated_prompt_tokens: int | None = None
     """The edge's estimate of the input tokens (what a ``cli`` provider reports as usage)."""
+    bounds: StreamBounds | None = None
+    """The provider's stream bounds, for a streamed call (``None``: none set)."""
 
     @property
     def answer_model(self) -> str:
@@ -141,8 +166,23 @@ class UpstreamStream:
     frames: AsyncIterator[bytes]
     usage: Usage
     closer: Callable[[], Awaitable[None]] = field(repr=False)
-    """Releases what the stream holds; :meth:`aclose` awaits it once. Set by the adapter."""
+    """Releases what the stream holds; :meth:`aclose` awaits it once. Set by the adapter. It
+    returns once the upstream call has really ended (its connection closed, its CLI process
+    group reaped), so a slot released after it is free upstream too."""
+    timed_out: Callable[[], bool] = field(default=lambda: False, repr=False)
+    """Called by a consumer whose write of a frame was cancelled: True when the cancellation
+    is the exchange's ``request_timeout_ms`` (the client took no data until the whole exchange
+    ran out), and then it is withdrawn; False: an outside cancellation, to propagate."""
     _closed: bool = field(default=False, init=False, repr=False)
+
+    async def first(self) -> bytes:
+        """The first frame (``b""`` for a stream without any). On a failure the stream is
+        closed before the error propagates."""
+        try:
+            return await anext(self.frames, b"")
+        except BaseException:
+            await self.aclose()
+            raise
 
     async def aclose(self) -> None:
         """Release the upstream connection / kill the CLI group; idempotent, safe mid-stream."""

@@ -44,9 +44,22 @@ the edge's estimate, marked ``Usage.estimated``: the prompt's is the request's i
 (:func:`iop_edge.api.bodies.estimate_input_tokens`, the one that classes long-context
 requests), the completion's ``ceil(UTF-8 bytes of the answer / 4)`` by the same rule.
 
-The finish reason is always ``stop``. A non-zero exit, a kill, or a malformed output is
-``upstream_error`` (502) carrying the tail of stderr; before any frame when the command fails
-before its first output, from the frames otherwise.
+**Length**: ``max_completion_tokens`` (else ``max_tokens``) is enforced by the edge: once the
+answer's estimate (``ceil(UTF-8 bytes / 4)``, as above) reaches it, the answer is cut there (at
+most ``4 * max_tokens`` bytes, on a character boundary), the edge stops reading, ends the
+process group and answers with ``finish_reason: "length"`` and the estimated usage. Otherwise
+the finish reason is ``stop``.
+
+**Bounds**: ``request_timeout_ms`` bounds the whole run; a streamed call also has its
+provider's ``first_token_timeout_ms`` (to the first piece of answer: a failure before any frame,
+which fails over) and ``stream_idle_timeout_ms`` (each wait for the next piece), on the
+executor's shared timers (:mod:`iop_edge.adapters.deadlines`).
+
+A non-zero exit, a kill, a timeout or a malformed output is ``upstream_error`` (502) or
+``upstream_timeout`` (504) carrying the tail of stderr; before any frame when the command fails
+before its first output, from the frames otherwise — never after a finish chunk or ``[DONE]``,
+which come only after a clean exit (or a cut at the length limit). Whenever the edge ends a
+group (a failure, a cancel, a cut) the call returns only once the group is reaped.
 """
 
 from __future__ import annotations
@@ -54,13 +67,14 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from iop_edge.adapters.base import UpstreamCall, UpstreamReply, UpstreamStream, Usage
 from iop_edge.adapters.cli_process import CliRun, CliTracker
+from iop_edge.adapters.deadlines import Deadlines, Exchange
 from iop_edge.adapters.fields import refuse_unhonoured
 from iop_edge.adapters.openai_format import (
     DONE_FRAME,
@@ -73,7 +87,7 @@ from iop_edge.adapters.openai_format import (
 )
 from iop_edge.errors import AdapterError
 
-__all__ = ["REQUEST_ID_ENV", "CliExecutor", "OutputDecoder", "render_prompt"]
+__all__ = ["REQUEST_ID_ENV", "CliExecutor", "OutputDecoder", "max_tokens_of", "render_prompt"]
 
 REQUEST_ID_ENV = "IOP_EDGE_REQUEST_ID"
 """The environment variable that carries the edge's request id to the command."""
@@ -94,10 +108,14 @@ class MalformedOutput(Exception):
 class OutputDecoder:
     """Turns stdout bytes into answer pieces for one ``output_format``; collects usage."""
 
-    def __init__(self, output_format: str) -> None:
+    def __init__(self, output_format: str, max_tokens: int | None = None) -> None:
         self.format = output_format
         self.usage = Usage()
         self.answer_bytes = 0  # UTF-8 bytes of the answer so far (the completion estimate)
+        #: the most bytes of answer whose estimate is ``max_tokens`` (None: no limit) ...
+        self.limit = None if max_tokens is None else 4 * max_tokens
+        #: ... and whether the answer reached it (cut there: the rest is dropped)
+        self.cut = False
         self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = bytearray()
         self._emitted = False
@@ -105,11 +123,15 @@ class OutputDecoder:
         self._line = 0
 
     def feed(self, data: bytes) -> list[str]:
-        """Pieces of answer completed by ``data``."""
+        """Pieces of answer completed by ``data`` (nothing once the answer was :attr:`cut`)."""
+        if self.cut:
+            return []
         if self.format == "text":
-            self.answer_bytes += len(data)
             piece = self._text.decode(data)
-            return [piece] if piece else []
+            if self.limit is None:
+                self.answer_bytes += len(data)
+                return [piece] if piece else []
+            return self._admit([piece] if piece else [])
         self._pending += data
         if self.format == "json":
             return []
@@ -118,18 +140,39 @@ class OutputDecoder:
             line = bytes(self._pending[:end])
             del self._pending[: end + 1]
             pieces.extend(self._stream_line(line))
-        self._count(pieces)
-        return pieces
+        return self._admit(pieces)
 
-    def _count(self, pieces: list[str]) -> None:
+    def _admit(self, pieces: list[str]) -> list[str]:
+        """``pieces`` counted into :attr:`answer_bytes`, up to :attr:`limit`: the piece that
+        reaches it is cut there (on a character boundary) and the rest dropped."""
+        limit = self.limit
+        if limit is None:
+            for piece in pieces:
+                self.answer_bytes += len(piece) if piece.isascii() else len(piece.encode())
+            return pieces
+        kept: list[str] = []
         for piece in pieces:
-            self.answer_bytes += len(piece) if piece.isascii() else len(piece.encode())
+            size = len(piece) if piece.isascii() else len(piece.encode())
+            room = limit - self.answer_bytes
+            if size >= room:
+                if size > room:
+                    piece = piece.encode()[: max(room, 0)].decode(errors="ignore")
+                    size = len(piece.encode())
+                self.answer_bytes += size
+                self.cut = True
+                if piece:
+                    kept.append(piece)
+                return kept
+            self.answer_bytes += size
+            kept.append(piece)
+        return kept
 
     def estimate(self, prompt_tokens: int | None) -> None:
-        """When the command reported no usage at all, fill it in with the edge's estimate (see
-        the module docstring) and mark it estimated."""
+        """When the command reported no usage at all, or its answer was :attr:`cut` (what it
+        reported is not what the client got), fill it in with the edge's estimate (see the
+        module docstring) and mark it estimated."""
         usage = self.usage
-        if usage.prompt_tokens is None and usage.completion_tokens is None:
+        if self.cut or (usage.prompt_tokens is None and usage.completion_tokens is None):
             usage.prompt_tokens = prompt_tokens
             usage.completion_tokens = -(-self.answer_bytes // 4)
             usage.estimated = True
@@ -138,14 +181,13 @@ class OutputDecoder:
         """Pieces left when stdout ended."""
         if self.format == "text":
             piece = self._text.decode(b"", final=True)
-            return [piece] if piece else []
+            return self._admit([piece] if piece else [])
         if self.format == "json":
             pieces = self._json_object(bytes(self._pending))
         else:
             line, self._pending = bytes(self._pending), bytearray()
             pieces = self._stream_line(line)
-        self._count(pieces)
-        return pieces
+        return self._admit(pieces)
 
     def _json_object(self, raw: bytes) -> list[str]:
         try:
@@ -207,6 +249,15 @@ class OutputDecoder:
         return []
 
 
+def max_tokens_of(body: Mapping[str, Any]) -> int | None:
+    """The answer's token limit: ``max_completion_tokens``, else ``max_tokens`` (None:
+    neither)."""
+    limit = body.get("max_completion_tokens")
+    if limit is None:
+        limit = body.get("max_tokens")
+    return limit if type(limit) is int and limit >= 0 else None
+
+
 class CliExecutor:
     """Runs chat calls through one command-line agent (see the module docstring)."""
 
@@ -224,16 +275,11 @@ class CliExecutor:
         self._argv = tuple(argv) if argv else None
         self._env = dict(env)
         self._format = output_format
-        self._timeout_ms = timeout_ms
+        self._deadlines = Deadlines(timeout_ms)
 
-    def _timeout(self, run: CliRun) -> AdapterError:
-        return AdapterError(
-            "upstream_timeout",
-            f"{self._label} did not finish within request_timeout_ms={self._timeout_ms}; "
-            "its process group was killed",
-            status=504,
-            failure="timeout",
-            failover=run.silent,
+    def _timeout(self, run: CliRun, exchange: Exchange) -> AdapterError:
+        return exchange.timeout_error(
+            self._label, answered=not run.silent, after="; its process group was killed"
         )
 
     def _malformed(self, run: CliRun, exc: MalformedOutput) -> AdapterError:
@@ -244,7 +290,7 @@ class CliExecutor:
             + (f"; stderr ends with: {tail}" if tail else ""),
         )
 
-    async def _start(self, call: UpstreamCall) -> tuple[CliRun, float]:
+    async def _start(self, call: UpstreamCall) -> tuple[CliRun, Exchange, OutputDecoder]:
         prompt = render_prompt(require_chat(call, self._label)).encode()
         refuse_unhonoured(call, "cli", self._label)
         if self._argv is None:
@@ -252,91 +298,117 @@ class CliExecutor:
                 "upstream_error",
                 f"{self._label} has no command; set command on the provider or its adapter",
             )
-        deadline = asyncio.get_running_loop().time() + self._timeout_ms / 1000
         env = {**self._env, REQUEST_ID_ENV: call.request_id}
         run = await CliRun.start(self._argv, env, prompt, self._label, self._tracker)
-        return run, deadline
+        exchange = self._deadlines.start(call.bounds if call.stream else None)
+        return run, exchange, OutputDecoder(self._format, max_tokens_of(call.body))
 
-    @contextlib.contextmanager
-    def _failures(self, run: CliRun) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def _failures(self, run: CliRun, exchange: Exchange) -> AsyncIterator[None]:
         """The one place a run's failures are mapped: whatever ends the block early kills the
-        run's group, then a timeout or a malformed output is raised as its AdapterError and
-        anything else (a cancellation, a closed stream) as itself."""
+        run's group and waits until it is gone (the call ends, and its slot is released, only
+        then), then a timeout or a malformed output is raised as its AdapterError and anything
+        else (a cancellation, a closed stream) as itself."""
         try:
             yield
         except BaseException as exc:
             run.abort()
-            if isinstance(exc, TimeoutError):
-                raise self._timeout(run) from exc
+            timed_out = isinstance(exc, asyncio.CancelledError) and exchange.timed_out()
+            exchange.end()
+            await run.stopped()
+            if timed_out:
+                raise self._timeout(run, exchange) from None
             if isinstance(exc, MalformedOutput):
                 raise self._malformed(run, exc) from exc
             raise
 
+    @staticmethod
+    async def _cut(run: CliRun, exchange: Exchange) -> None:
+        """The answer reached ``max_tokens``: stop reading, end the group, wait until gone."""
+        run.abort()
+        exchange.end()
+        await run.stopped()
+
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
-        """Run the command to its end and return its answer as a ``chat.completion``."""
-        run, deadline = await self._start(call)
-        decoder = OutputDecoder(self._format)
+        """Run the command to its end (or its answer to ``max_tokens``) and return its answer
+        as a ``chat.completion``."""
+        run, exchange, decoder = await self._start(call)
         pieces: list[str] = []
-        with self._failures(run):
-            async with asyncio.timeout_at(deadline):
-                while chunk := await run.read():
-                    pieces.extend(decoder.feed(chunk))
+        async with self._failures(run, exchange):
+            while chunk := await run.read():
+                pieces.extend(decoder.feed(chunk))
+                if decoder.cut:
+                    break
+            if decoder.cut:
+                await self._cut(run, exchange)
+            else:
                 await run.finish()
-            pieces.extend(decoder.end())
+                pieces.extend(decoder.end())
+        exchange.end()
         decoder.estimate(call.estimated_prompt_tokens)
+        finish = "length" if decoder.cut else "stop"
         body = chat_completion(
-            call.request_id, call.answer_model, "".join(pieces), "stop", decoder.usage
+            call.request_id, call.answer_model, "".join(pieces), finish, decoder.usage
         )
         return UpstreamReply(200, body, decoder.usage)
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
-        """Start the command; the stream opens once it writes its first output.
+        """Start the command; the stream opens once it writes its first piece of answer.
 
         Waiting for that first output means a command that fails at once (bad arguments, a
-        missing login) is a 502 before any frame. With ``output_format: json`` the whole
-        answer is read first, as it only exists once the command ends.
+        missing login) — or writes nothing within ``first_token_timeout_ms`` — is a failure
+        before any frame, which may fail over. With ``output_format: json`` the whole answer
+        is read first, as it only exists once the command ends.
         """
-        run, deadline = await self._start(call)
-        decoder = OutputDecoder(self._format)
+        run, exchange, decoder = await self._start(call)
         ready: list[str] = []
         ended = False
-        with self._failures(run):
-            async with asyncio.timeout_at(deadline):
-                while not ready and not ended:
-                    chunk = await run.read()
-                    if chunk:
-                        ready.extend(decoder.feed(chunk))
-                        ended = self._format == "json"
-                    else:
-                        ended = True
-                if ended:
-                    while chunk := await run.read():
-                        decoder.feed(chunk)
-                    await run.finish()
-                    ready.extend(decoder.end())
+        async with self._failures(run, exchange):
+            while not ready and not ended:
+                chunk = await run.read()
+                if chunk:
+                    ready.extend(decoder.feed(chunk))
+                    ended = self._format == "json" or decoder.cut
+                else:
+                    ended = True
+            if decoder.cut:
+                await self._cut(run, exchange)
+            elif ended:
+                while chunk := await run.read():
+                    decoder.feed(chunk)
+                await run.finish()
+                ready.extend(decoder.end())
         chunks = ChatChunks(call.request_id, call.answer_model)
         frames = self._relay(
             run,
-            deadline,
+            exchange,
             decoder,
             chunks,
             ready,
-            ended,
+            ended or decoder.cut,
             include_usage(call.body),
             call.estimated_prompt_tokens,
         )
 
         async def close() -> None:
             run.abort()
+            exchange.end()
             with contextlib.suppress(RuntimeError):  # see upstream_http.relay_lines
                 await frames.aclose()
+            await run.stopped()
 
-        return UpstreamStream(status=200, frames=frames, usage=decoder.usage, closer=close)
+        return UpstreamStream(
+            status=200,
+            frames=frames,
+            usage=decoder.usage,
+            closer=close,
+            timed_out=exchange.timed_out,
+        )
 
     async def _relay(
         self,
         run: CliRun,
-        deadline: float,
+        exchange: Exchange,
         decoder: OutputDecoder,
         chunks: ChatChunks,
         ready: list[str],
@@ -344,24 +416,36 @@ class CliExecutor:
         with_usage: bool,
         prompt_tokens: int | None,
     ) -> AsyncGenerator[bytes, None]:
-        with self._failures(run):
-            yield chunks.role()
-            for piece in ready:
-                yield chunks.content(piece)
-            while not ended:
-                async with asyncio.timeout_at(deadline):
+        # The finish chunk and [DONE] come only after a clean end (or a cut at max_tokens):
+        # a failure raises out of the block before them.
+        try:
+            async with self._failures(run, exchange):
+                exchange.yielding()
+                yield chunks.role() + b"".join(map(chunks.content, ready))
+                exchange.waiting()
+                while not ended:
                     chunk = await run.read()
-                    if not chunk:
-                        await run.finish()
-                if chunk:
-                    for piece in decoder.feed(chunk):
-                        yield chunks.content(piece)
-                    continue
-                ended = True
-                for piece in decoder.end():
-                    yield chunks.content(piece)
-            decoder.estimate(prompt_tokens)
-            yield chunks.finish("stop")
-            if with_usage:
-                yield chunks.usage(decoder.usage)
-            yield DONE_FRAME
+                    if chunk:
+                        pieces = decoder.feed(chunk)
+                        if pieces:
+                            exchange.yielding()
+                            yield b"".join(map(chunks.content, pieces))
+                            exchange.waiting()
+                        if decoder.cut:
+                            await self._cut(run, exchange)
+                            break
+                        continue
+                    ended = True
+                    await run.finish()
+                    pieces = decoder.end()
+                    if pieces:
+                        exchange.yielding()
+                        yield b"".join(map(chunks.content, pieces))
+                decoder.estimate(prompt_tokens)
+                ending = chunks.finish("length" if decoder.cut else "stop")
+                if with_usage:
+                    ending += chunks.usage(decoder.usage)
+                exchange.yielding()
+                yield ending + DONE_FRAME
+        finally:
+            exchange.end()

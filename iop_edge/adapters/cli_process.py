@@ -10,11 +10,12 @@ Ending a group:
 - the leader exits on its own: whatever else still runs in its group is an orphan and is
   SIGKILLed at once (the leader's exit is seen through a pidfd, so an orphan holding stdout
   open cannot keep the call waiting);
-- timeout, cancellation, an abandoned stream, a flood or a closing adapter
-  (:meth:`CliRun.abort`): SIGTERM to the group now, then — in a background task the
-  :class:`CliTracker` keeps — SIGKILL to the group after at most :data:`KILL_GRACE_SECONDS`,
-  the pipes drained to their end and the leader reaped. The caller is not held up by the grace
-  period; :meth:`CliTracker.aclose` waits for every group to be gone.
+- timeout, cancellation, an abandoned stream, a flood, an answer cut at ``max_tokens`` or a
+  closing adapter (:meth:`CliRun.abort`): SIGTERM to the group now, then — in a background
+  task the :class:`CliTracker` keeps — SIGKILL to the group after at most
+  :data:`KILL_GRACE_SECONDS`, the pipes drained to their end and the leader reaped.
+  :meth:`CliRun.stopped` waits for that (the adapter does, before its call ends, so the slot
+  is released only once the group is gone); :meth:`CliTracker.aclose` waits for every group.
 """
 
 from __future__ import annotations
@@ -278,6 +279,13 @@ class CliRun:
             self._reaper = asyncio.get_running_loop().create_task(self._reap())
             self._tracker.reapers.add(self._reaper)
             self._reaper.add_done_callback(self._tracker.reapers.discard)
+
+    async def stopped(self) -> None:
+        """After :meth:`abort`: return once the group is gone (reaped). Shielded: a caller
+        cancelled meanwhile stops waiting, the reaper goes on."""
+        reaper = self._reaper
+        if reaper is not None and not reaper.done():
+            await asyncio.shield(reaper)
 
     async def _reap(self) -> None:
         with contextlib.suppress(TimeoutError):

@@ -361,7 +361,7 @@ class OllamaExecutor:
             return await self._embed(call)  # (an embedding is never streamed)
         url, payload = self._prepare(call)
         opened = await post_for_stream(
-            self._backend, self._target, url, payload, call.headers, call.request_id
+            self._backend, self._target, url, payload, call.headers, call.request_id, call.bounds
         )
         if isinstance(opened, UpstreamReply):
             return opened

@@ -48,6 +48,7 @@ from iop_edge.adapters.openai_format import DONE_FRAME, dumps, read_usage
 from iop_edge.adapters.upstream_http import (
     HttpBackend,
     HttpTarget,
+    connection_closed,
     post_for_body,
     post_for_stream,
     redact_url,
@@ -144,14 +145,16 @@ class OpenAICompatExecutor:
         url = self._url(call.endpoint)
         payload, hide_usage = self._payload(call)
         opened = await post_for_stream(
-            self._backend, self._target, url, payload, call.headers, call.request_id
+            self._backend, self._target, url, payload, call.headers, call.request_id, call.bounds
         )
         if isinstance(opened, UpstreamReply):
             return opened
         response, exchange = opened
         if response.content_type == "application/json":
             exchange.end()
+            protocol = response.connection.protocol if response.connection else None
             response.close()
+            await connection_closed(protocol)
             raise AdapterError(
                 "upstream_error",
                 f"{self._target.label} at POST {redact_url(url)} answered a streaming "

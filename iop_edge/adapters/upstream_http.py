@@ -8,8 +8,9 @@
   size caps; :func:`upstream_error` maps the third-party exceptions met on the way to
   :class:`~iop_edge.errors.AdapterError` (the adapters raise it once, ``from exc``).
 - :func:`post_for_body`, :func:`post_for_stream`: one POST, bounded by the call's deadline.
-- :func:`relay_lines`: the one stream relay (batching, the :class:`Exchange`'s deadline,
+- :func:`relay_lines`: the one stream relay (batching, the :class:`Exchange`'s bounds,
   failure mapping, release vs close); each adapter gives only a :class:`LineTranslator`.
+  Deadlines and exchanges live in :mod:`iop_edge.adapters.deadlines`.
 
 Statuses: 200 is an answer; 400–599 is the upstream's own error, relayed with its status in
 an OpenAI envelope (an upstream's OpenAI envelope as is; any other body — an HTML page from a
@@ -18,7 +19,8 @@ proxy — stays in the log, the client gets a sentence naming the provider); any
 ``upstream_error`` (502) whose message, for the log, names what came back.
 
 A cancelled or failed exchange closes (never pools) its connection, so the upstream sees the
-client go at once.
+client go at once; it ends only once that connection's socket is closed (aiohttp's ``close()``
+only schedules it), so a slot released after it is free upstream too.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from iop_edge.adapters.base import UpstreamReply, UpstreamStream, Usage
+from iop_edge.adapters.base import StreamBounds, UpstreamReply, UpstreamStream, Usage
+from iop_edge.adapters.deadlines import Deadlines, Exchange
 from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError, FailureKind
 from iop_edge.seams import ProbeResult
@@ -53,6 +56,8 @@ __all__ = [
     "HttpTarget",
     "LineTranslator",
     "ResponseTooLarge",
+    "connection_closed",
+    "exchange_failure",
     "not_an_answer",
     "probe",
     "read_capped",
@@ -237,6 +242,42 @@ def upstream_error(
     return AdapterError("upstream_error", f"{where} failed: {reason}", status=502)
 
 
+def exchange_failure(
+    exchange: Exchange, target: HttpTarget, url: str, exc: BaseException
+) -> AdapterError:
+    """The error for ``exc`` met in ``exchange``: the timeout of the bound that passed, once
+    one has, else the mapped one (an AdapterError is itself)."""
+    answered = exchange.response is not None
+    if exchange.expired is not None:
+        where = f"{target.label} at POST {redact_url(url)}"
+        return exchange.timeout_error(where, answered=answered)
+    return upstream_error(target, url, exc, answered=answered)
+
+
+async def connection_closed(protocol: Any) -> None:
+    """Wait until the connection of ``protocol`` (an aiohttp response's, taken before it was
+    closed) has its socket closed: ``close()`` only schedules that. Bounded: a transport that
+    still has a request body to send waits for it forever."""
+    closed = protocol.closed if protocol is not None else None
+    if closed is None:  # (already closed)
+        return
+    await asyncio.wait((closed,), timeout=_CLOSE_WAIT_SECONDS)
+    if closed.done() and not closed.cancelled():
+        closed.exception()  # (retrieved: a connection lost with an error is no news here)
+
+
+async def _closed_before_head() -> None:
+    """An exchange that ended before its response head: aiohttp closed the connection itself
+    (its protocol is not ours to wait on). Its socket is closed at once (uvloop) or by a
+    callback already queued for the loop's next turn (asyncio): one turn, and it is closed."""
+    await asyncio.sleep(0)
+
+
+def _protocol(response: aiohttp.ClientResponse) -> Any:
+    connection = response.connection
+    return connection.protocol if connection is not None else None
+
+
 async def read_capped(response: aiohttp.ClientResponse, limit: int = MAX_RESPONSE_BYTES) -> bytes:
     """Read the whole body, refusing one larger than ``limit`` bytes."""
     declared = response.content_length
@@ -252,103 +293,12 @@ async def read_capped(response: aiohttp.ClientResponse, limit: int = MAX_RESPONS
     return b"".join(chunks)
 
 
+#: How long an abandoned exchange waits for its connection's socket to close.
+_CLOSE_WAIT_SECONDS: Final = 2.0
+
 #: Frames that arrived together are relayed in one write up to this size: a burst of small
 #: frames costs one system call, while a slow client still pushes back within about one frame.
 MAX_BATCH_BYTES: Final = 16 * 1024
-
-
-class Exchange:
-    """The one deadline of one upstream exchange, from the POST to the end of the body.
-
-    At the deadline, an exchange still waiting for the response head has its task cancelled
-    (the cancellation is withdrawn again by :meth:`timed_out`, as :func:`asyncio.timeout`
-    does), and one reading a body has its response aborted, which wakes a reader stalled on
-    the network; any failure seen after that is the timeout's (:attr:`expired`). No timer of
-    its own: its :class:`Deadlines` keeps one for all its exchanges."""
-
-    __slots__ = ("_cancelling", "_live", "_task", "deadline", "expired", "response")
-
-    def __init__(
-        self, deadline: float, task: asyncio.Task[Any] | None, live: dict[Exchange, None]
-    ) -> None:
-        self.deadline = deadline
-        self._live = live
-        self.expired = False
-        self.response: aiohttp.ClientResponse | None = None
-        self._task = task
-        self._cancelling = task.cancelling() if task is not None else 0
-
-    def expire(self) -> None:
-        """The deadline passed: stop whatever the exchange is waiting for."""
-        self.expired = True
-        if self.response is not None:
-            self.response.close()
-        elif self._task is not None:
-            self._task.cancel()
-
-    def end(self) -> None:
-        """The exchange is over (finished or failed): forget it; idempotent."""
-        self._live.pop(self, None)
-
-    def timed_out(self) -> bool:
-        """Whether the CancelledError the exchange's task caught is the deadline's (and
-        nothing else's); then the cancellation is withdrawn and the caller raises the
-        timeout instead."""
-        if not self.expired or self.response is not None or self._task is None:
-            return False
-        return self._task.uncancel() <= self._cancelling
-
-    def failure(self, target: HttpTarget, url: str, exc: BaseException) -> AdapterError:
-        """The error for ``exc``: the timeout's once the deadline has passed, else the mapped
-        one (an AdapterError is itself)."""
-        return upstream_error(
-            target, url, TimeoutError() if self.expired else exc, answered=self.response is not None
-        )
-
-
-class Deadlines:
-    """The exchanges of one executor in flight, with one loop timer for all of them.
-
-    Every exchange gets the same timeout, so they expire in the order they started: an
-    insertion-ordered dict holds them, and the one timer is armed for the oldest. Starting and
-    ending an exchange is a dict insert and delete; the timer fires about once per timeout
-    while exchanges keep coming, not once per exchange (a timer per exchange was about 3 % of
-    a request's CPU)."""
-
-    __slots__ = ("_armed", "_live", "seconds")
-
-    def __init__(self, timeout_ms: int) -> None:
-        self.seconds = timeout_ms / 1000
-        self._live: dict[Exchange, None] = {}
-        #: the loop whose timer is armed (None: none is); a loop that closed with the timer
-        #: armed (a test's) does not keep a later loop's exchanges from expiring
-        self._armed: asyncio.AbstractEventLoop | None = None
-
-    def start(self) -> Exchange:
-        """A new exchange of the current task, due ``seconds`` from now."""
-        loop = asyncio.get_running_loop()
-        live = self._live
-        exchange = Exchange(loop.time() + self.seconds, asyncio.current_task(), live)
-        live[exchange] = None
-        if self._armed is not loop:
-            self._armed = loop
-            loop.call_at(exchange.deadline, self._fire, loop)
-        return exchange
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
-        live = self._live
-        while live:
-            oldest = next(iter(live))
-            if oldest.deadline > now:
-                loop.call_at(oldest.deadline, self._fire, loop)
-                return
-            del live[oldest]
-            oldest.expire()
-        self._armed = None
 
 
 async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamReply:
@@ -498,6 +448,7 @@ async def post_for_body(
     """
     exchange = target.deadlines.start()
     finished = False
+    response: aiohttp.ClientResponse | None = None
     try:
         response = exchange.response = await _send(backend, target, url, payload, extra, request_id)
         if response.status != 200:
@@ -511,14 +462,21 @@ async def post_for_body(
         raise
     except asyncio.CancelledError:
         if exchange.timed_out():
-            raise exchange.failure(target, url, TimeoutError()) from None
+            raise exchange_failure(exchange, target, url, TimeoutError()) from None
         raise
     except Exception as exc:
-        raise exchange.failure(target, url, exc) from exc
+        raise exchange_failure(exchange, target, url, exc) from exc
     finally:
         exchange.end()
-        if exchange.response is not None:
-            (exchange.response.release if finished else exchange.response.close)()
+        if response is not None:
+            if finished:
+                response.release()
+            else:
+                protocol = _protocol(response)
+                response.close()
+                await connection_closed(protocol)
+        else:
+            await _closed_before_head()
 
 
 async def post_for_stream(
@@ -528,12 +486,14 @@ async def post_for_stream(
     payload: bytes,
     extra: Mapping[str, str],
     request_id: str = "",
+    bounds: StreamBounds | None = None,
 ) -> tuple[aiohttp.ClientResponse, Exchange] | UpstreamReply:
     """POST ``payload`` for a streamed answer: the open 200 response (the caller reads it
-    through :func:`relay_lines`, which ends the exchange) with its :class:`Exchange`, or the
-    upstream's error status (400–599) as an :class:`UpstreamReply`; any other status raises
-    ``upstream_error``."""
-    exchange = target.deadlines.start()
+    through :func:`relay_lines`, which ends the exchange) with its :class:`Exchange` (under
+    the call's stream ``bounds`` too), or the upstream's error status (400–599) as an
+    :class:`UpstreamReply`; any other status raises ``upstream_error``."""
+    exchange = target.deadlines.start(bounds)
+    response: aiohttp.ClientResponse | None = None
     try:
         response = exchange.response = await _send(backend, target, url, payload, extra, request_id)
         if response.status != 200:
@@ -543,12 +503,16 @@ async def post_for_stream(
             return reply
     except BaseException as exc:
         exchange.end()
-        if exchange.response is not None:
-            exchange.response.close()
+        if response is not None:
+            protocol = _protocol(response)
+            response.close()
+            await connection_closed(protocol)
+        else:
+            await _closed_before_head()
         if isinstance(exc, asyncio.CancelledError) and exchange.timed_out():
-            raise exchange.failure(target, url, TimeoutError()) from None
+            raise exchange_failure(exchange, target, url, TimeoutError()) from None
         if isinstance(exc, Exception) and not isinstance(exc, AdapterError):
-            raise exchange.failure(target, url, exc) from exc
+            raise exchange_failure(exchange, target, url, exc) from exc
         raise
     return response, exchange
 
@@ -588,9 +552,11 @@ def relay_lines(
     first: bytes = b"",
 ) -> UpstreamStream:
     """Relay the 200 ``response`` of a streamed POST through ``translator`` as an
-    :class:`UpstreamStream` whose frames start with ``first``; ``usage`` is the object the
+    :class:`UpstreamStream` whose frames start with ``first`` (an adapter's own opening frame,
+    sent with the upstream's first frames, never alone); ``usage`` is the object the
     translator fills. See :func:`_relay` for the rules."""
     frames = _relay(response, target, url, exchange, translator, first)
+    protocol = _protocol(response)
 
     async def close() -> None:
         exchange.end()
@@ -599,8 +565,12 @@ def relay_lines(
         # on its own now that the connection is closed.
         with contextlib.suppress(RuntimeError):
             await frames.aclose()
+        if not translator.done:  # (a stream read to its end went back to the pool)
+            await connection_closed(protocol)
 
-    return UpstreamStream(status=200, frames=frames, usage=usage, closer=close)
+    return UpstreamStream(
+        status=200, frames=frames, usage=usage, closer=close, timed_out=exchange.timed_out
+    )
 
 
 async def _relay(
@@ -617,14 +587,18 @@ async def _relay(
       next read; one line is capped at :data:`MAX_FRAME_BYTES`), and the frames translated from
       them are yielded as one write, cut at :data:`MAX_BATCH_BYTES` (a write per event was most
       of a streamed request's CPU, and an ``await`` per line a tenth of it).
-    - ``exchange`` (from :func:`post_for_stream`) bounds it all by its one deadline, and ends
-      with it.
-    - A failure yields what was translated before it (it is still the client's), then raises
-      the mapped :class:`~iop_edge.errors.AdapterError` (the timeout's once the deadline has
-      passed); an end before :attr:`LineTranslator.done` is such a failure.
+    - ``exchange`` (from :func:`post_for_stream`) bounds it all, and ends with it: the first
+      write meets the first-token bound; the idle bound counts each wait for the network, not
+      the time a write waits for the client.
+    - A failure yields what was translated before it (it is still the client's; ``first``
+      alone is not), then raises the mapped :class:`~iop_edge.errors.AdapterError` (the
+      timeout of the bound that passed, once one has); an end before
+      :attr:`LineTranslator.done` is such a failure. Nothing marks the answer finished then:
+      the translator's ending frames come only with :attr:`LineTranslator.done`.
     - A stream read to its end goes back to the pool; anything else closes the connection.
     """
     ready: list[bytes] = [first] if first else []  # translated, not yet yielded
+    held = len(ready)  # ``first``, which waits for the upstream's first frames
     size = len(first)
     content = response.content
     partial = b""  # the start of a line whose end has not arrived
@@ -632,10 +606,12 @@ async def _relay(
     translate_read = getattr(translator, "translate_read", None)
     try:
         while True:
-            if ready:
+            if len(ready) > held:
+                exchange.yielding()
                 yield b"".join(ready)  # then wait for the network
+                exchange.waiting()
                 ready.clear()
-                size = 0
+                size = held = 0
             chunk = await content.readany()
             if not chunk:
                 if partial:  # the last line, without its newline
@@ -643,6 +619,7 @@ async def _relay(
                     if frame:
                         ready.append(frame)
                     if translator.done:
+                        exchange.yielding()
                         yield b"".join(ready)
                         return
                 raise target.broken(url, translator.unfinished)
@@ -660,6 +637,7 @@ async def _relay(
             if translate_read is not None:
                 translate_read(whole, ready)
                 if translator.done:
+                    exchange.yielding()
                     yield b"".join(ready)
                     return
                 continue
@@ -671,16 +649,20 @@ async def _relay(
                     ready.append(frame)
                     size += len(frame)
                     if size >= MAX_BATCH_BYTES:
+                        exchange.yielding()
                         yield b"".join(ready)
+                        exchange.waiting()
                         ready.clear()
-                        size = 0
+                        size = held = 0
                 if translator.done:
+                    exchange.yielding()
                     yield b"".join(ready)
                     return
     except Exception as exc:
-        if ready:
+        if len(ready) > held:
+            exchange.yielding()
             yield b"".join(ready)
-        failure = exchange.failure(target, url, exc)
+        failure = exchange_failure(exchange, target, url, exc)
         if failure is exc:
             raise
         raise failure from exc

@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 import orjson
 
+from iop_edge.adapters.base import StreamBounds
 from iop_edge.config.policy import EMBEDDING_TYPES
 from iop_edge.config.schema import EdgeConfig, ModelGroup
 
@@ -92,6 +93,8 @@ class Catalog:
     allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
     #: the ``/v1/models`` body of each ref with an allow-list
     allowed_bodies: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    #: provider id → its stream bounds (live), for the providers that set one
+    stream_bounds: Mapping[str, StreamBounds] = field(default_factory=dict)
 
     def share_of(self, principal_ref: str, token_ref: str) -> str:
         """The ref a request is shared, capped and allow-listed under: its token's
@@ -180,4 +183,12 @@ def build_catalog(config: EdgeConfig, created: Callable[[str], int] = lambda _: 
         fair_share=config.provider_pool.fair_share,
         allowed=MappingProxyType(allowed),
         allowed_bodies=MappingProxyType(allowed_bodies),
+        stream_bounds=MappingProxyType(
+            {
+                p.id: StreamBounds(p.first_token_timeout_ms, p.stream_idle_timeout_ms)
+                for n in config.nodes
+                for p in n.providers
+                if p.first_token_timeout_ms is not None or p.stream_idle_timeout_ms is not None
+            }
+        ),
     )

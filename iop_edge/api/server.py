@@ -256,13 +256,15 @@ class OpenAIServer:
         )
 
     async def list_models(self, request: web.Request) -> web.Response:
-        """``GET /v1/models``: every model group and model route the caller may use."""
+        """``GET /v1/models``: every model group and model route the caller may use. A refusal
+        (401, 403) is logged and counted like any request (model ``(unknown)``); an answer is
+        not (a listing is no use of a model)."""
         rid = _request_id(request)
         try:
             self.guard.check(request.headers)
             principal = self.auth.authenticate(request.headers.get("Authorization"))
         except IopEdgeError as exc:
-            return _error_response(exc, rid)
+            return self._refused(request, exc, rid)
         catalog = self.catalog
         body = catalog.models_body_for(
             catalog.share_of(principal.principal_ref, principal.token_ref)
@@ -270,12 +272,15 @@ class OpenAIServer:
         return web.Response(body=body, content_type=_JSON, headers={"x-request-id": rid})
 
     async def get_model(self, request: web.Request) -> web.Response:
-        """``GET /v1/models/{id}``."""
+        """``GET /v1/models/{id}`` (a refusal logged and counted as for ``GET /v1/models``)."""
         rid = _request_id(request)
         model_id = request.match_info["model_id"]
         try:
             self.guard.check(request.headers)
             principal = self.auth.authenticate(request.headers.get("Authorization"))
+        except IopEdgeError as exc:
+            return self._refused(request, exc, rid)
+        try:
             catalog = self.catalog
             ref = catalog.share_of(principal.principal_ref, principal.token_ref)
             body = catalog.model_body(model_id) if catalog.permits(ref, model_id) else None
@@ -284,6 +289,15 @@ class OpenAIServer:
         except IopEdgeError as exc:
             return _error_response(exc, rid)
         return web.Response(body=body, content_type=_JSON, headers={"x-request-id": rid})
+
+    def _refused(self, request: web.Request, exc: IopEdgeError, rid: str) -> web.Response:
+        """A models request refused before it was authenticated: its error answer, with its
+        request line and count (model ``(unknown)``), as for the other endpoints."""
+        record = RequestRecord(rid, "models", self.clock.now())
+        record.status, record.code, _ = describe(exc)
+        record.error = str(exc)
+        self._finish(record, method=request.method, path=request.path[:200])
+        return _error_response(exc, rid)
 
     # -- completions -------------------------------------------------------------------------
 
@@ -312,7 +326,8 @@ class OpenAIServer:
             if isinstance(exc, AdmissionError) and exc.reason == "handed_over" and self.successor:
                 return await self._relay_to_successor(request, record)
             record.status, record.code, _ = describe(exc)
-            record.error = str(exc)
+            if record.error is None:  # (an allow-list denial has set what the log says)
+                record.error = str(exc)
             if isinstance(exc, AdapterError) and exc.code.startswith("upstream_"):
                 record.upstream_failure = exc.code
             return _error_response(exc, record.request_id, record.provider)
@@ -384,7 +399,13 @@ class OpenAIServer:
             else ANONYMOUS
         )
         if not catalog.permits(share, model_id):
-            # Exactly as an unknown model: the allow-list leaks no model's existence.
+            # Exactly as an unknown model: the allow-list leaks no model's existence (only the
+            # log line says why).
+            if model_id in catalog.models or model_id in catalog.routes:
+                record.error = (
+                    f"the principal '{share}' may not use the model '{model_id}' "
+                    f"(provider_pool.principals[{share}].models); answered as an unknown model"
+                )
             raise _model_not_found(model_id)
         model = catalog.models.get(model_id)
         if model is None:
@@ -435,7 +456,8 @@ class OpenAIServer:
                 # The scheduler and the catalog are swapped together: the current catalog
                 # knows the provider the lease names, even if a refresh happened while we
                 # queued.
-                current = self.catalog.models.get(model.id, model)
+                catalog = self.catalog
+                current = catalog.models.get(model.id, model)
                 target = current.targets.get(lease.provider_id) or model.targets[lease.provider_id]
                 call = UpstreamCall(
                     endpoint,
@@ -446,6 +468,8 @@ class OpenAIServer:
                     record.request_id,
                     model_id,
                     prepared.estimated_input_tokens,
+                    # the provider's live stream bounds, as the current catalog has them
+                    catalog.stream_bounds.get(lease.provider_id) if prepared.stream else None,
                 )
                 executor = self.adapters.provider(lease.node_id, lease.provider_id)
                 attempt = await self._execute(request, record, executor, call, lease)
@@ -544,6 +568,9 @@ class OpenAIServer:
             if not call.stream:
                 return self._answer(record, await executor.complete(call), lease)
             opened = await executor.open_stream(call)
+            # The first frame comes before the response head: a stream that fails before it
+            # (first_token_timeout_ms) has sent the client nothing, and may fail over.
+            first = b"" if isinstance(opened, UpstreamReply) else await opened.first()
         except AdapterError as exc:
             if lease is not None and exc.failure is not None:
                 failure = Failure(exc.failure, str(exc))
@@ -553,7 +580,7 @@ class OpenAIServer:
             raise
         if isinstance(opened, UpstreamReply):
             return self._answer(record, opened, lease)
-        return await self._relay(request, record, opened, lease)
+        return await self._relay(request, record, opened, first, lease)
 
     def _answer(
         self, record: RequestRecord, reply: UpstreamReply, lease: Lease | None
@@ -573,7 +600,11 @@ class OpenAIServer:
     def _reply(self, record: RequestRecord, reply: UpstreamReply) -> web.Response:
         record.status, record.usage = reply.status, reply.usage
         if reply.status >= 400:
-            record.code, record.upstream_failure = "upstream_error", f"http_{reply.status}"
+            # An upstream's 4xx (but 429) refused the request, it did not fail: client_error,
+            # as the per-provider metrics name it.
+            refused = reply.status < 500 and reply.status != 429
+            record.code = "client_error" if refused else "upstream_error"
+            record.upstream_failure = f"http_{reply.status}"
             record.error = reply.detail  # what the upstream said: the log's, not the client's
         else:
             record.time_to_first_token = self.clock.now() - record.started
@@ -590,13 +621,15 @@ class OpenAIServer:
         request: web.Request,
         record: RequestRecord,
         stream: UpstreamStream,
+        first: bytes,
         lease: Lease | None,
     ) -> web.StreamResponse:
         # A client that stops reading would hold the slot forever, the handler waiting in
         # write(). The connection's guard cancels this task when the client has taken no data
-        # for openai.write_timeout_ms (a timer armed only once a write has to wait).
+        # for openai.write_timeout_ms (a timer armed only once a write has to wait), and the
+        # exchange's request_timeout_ms cancels it too when it runs out first.
         guard = ConnectionGuard.of(request)
-        stalled = False
+        stalled: str | None = None
         async with stream:
             response = web.StreamResponse(
                 status=200,
@@ -612,9 +645,10 @@ class OpenAIServer:
                 await response.prepare(request)
                 record.status = 200
                 try:
+                    record.time_to_first_token = self.clock.now() - record.started
+                    if first:
+                        await response.write(first)
                     async for frame in stream.frames:
-                        if record.time_to_first_token is None:
-                            record.time_to_first_token = self.clock.now() - record.started
                         await response.write(frame)
                     if lease is not None:
                         lease.succeeded()
@@ -633,22 +667,30 @@ class OpenAIServer:
                 # The client left (before or during the stream): nothing more can be sent.
                 record.status, record.code = 499, "client_gone"
             except asyncio.CancelledError:
-                if guard is None or not guard.stall_cancelled():
+                if stream.timed_out():
+                    stalled = (
+                        "the client took no data until the provider's request_timeout_ms ran "
+                        "out while the answer waited for it; the upstream call was aborted"
+                    )
+                elif guard is not None and guard.stall_cancelled():
+                    stalled = (
+                        f"the client took no data for {guard.write_timeout:g} s "
+                        "(openai.write_timeout_ms) while the answer waited for it; the "
+                        "upstream call was aborted"
+                    )
+                else:
                     raise
-                stalled = True
-                record.status, record.code = 499, "client_stalled"
-                record.error = (
-                    f"the client took no data for {guard.write_timeout:g} s "
-                    "(openai.write_timeout_ms) while the answer waited for it; the upstream "
-                    "call was aborted"
-                )
+                record.status, record.code, record.error = 499, "client_stalled", stalled
             finally:
                 if guard is not None:
                     guard.unwatch()
                 record.usage = stream.usage
-        if stalled and guard is not None:
+        if stalled is not None:
             # Only now, with the upstream closed: the connection's loss cancels this handler.
-            guard.reset()
+            if guard is not None:
+                guard.reset()
+            elif request.transport is not None:
+                request.transport.abort()
         return response
 
     def _finish(self, record: RequestRecord, **shown: object) -> None:

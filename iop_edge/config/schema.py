@@ -544,6 +544,8 @@ class Provider(ExecutionFields):
     ``retry_on`` lists the failures before the response head that fail over to another provider
     (``connect``, ``timeout_before_head``, ``5xx``; a 429 always does): all three for an HTTP
     type, ``[connect]`` for cli. Live.
+    ``first_token_timeout_ms`` / ``stream_idle_timeout_ms`` bound a stream's first frame and
+    each gap between frames (live: scheduling policy, carried to each request by the catalog).
     """
 
     id: Ref
@@ -556,6 +558,8 @@ class Provider(ExecutionFields):
     long_context_capacity: NonNegative = 1
     total_context_tokens: Positive | None = None
     priority: NonNegative = 0
+    first_token_timeout_ms: Positive | None = None
+    stream_idle_timeout_ms: Positive | None = None
     max_queue: NonNegative | None = None
     queue_timeout_ms: NonNegative | None = None
     health_check: HealthCheckSetting = False

@@ -76,6 +76,9 @@ class FakeUpstreamStatistics:
 
     ``total_requests`` = ``completed`` + ``cancelled`` + ``in_flight``. ``cancelled`` counts
     requests whose handler was cancelled: the client went away (or the fake closed) first.
+    ``max_open_connections``: the most connections open when a generation request arrived (its
+    own included), a connection counting as open until the fake has finished with it — what a
+    server that limits its connections sees.
     """
 
     total_requests: int
@@ -83,6 +86,7 @@ class FakeUpstreamStatistics:
     max_in_flight: int
     completed: int
     cancelled: int
+    max_open_connections: int = 0
 
 
 class RejectedRequest(Exception):
@@ -120,9 +124,11 @@ class FakeUpstream:
 
     **Observation**: :attr:`requests` keeps the last ``record_limit`` requests of every kind;
     :attr:`in_flight`, :attr:`max_in_flight`, :attr:`total_requests`, :attr:`completed` and
-    :attr:`cancelled` count generation requests; :meth:`wait_until` and its shorthands
-    (:meth:`wait_in_flight`, :meth:`wait_requests`, :meth:`wait_idle`) return as soon as the
-    counters satisfy a condition, so tests never sleep.
+    :attr:`cancelled` count generation requests; :attr:`open_connections` and
+    :attr:`max_open_connections` count connections as the server sees them;
+    :meth:`wait_until` and its shorthands (:meth:`wait_in_flight`, :meth:`wait_requests`,
+    :meth:`wait_idle`) return as soon as the counters satisfy a condition, so tests never
+    sleep.
     """
 
     def __init__(
@@ -150,6 +156,7 @@ class FakeUpstream:
         self.max_in_flight = 0
         self.completed = 0
         self.cancelled = 0
+        self.max_open_connections = 0
         self._host = host
         self._port = port
         self._queued: deque[FakeBehavior] = deque()
@@ -236,6 +243,7 @@ class FakeUpstream:
         """Forget recorded requests and restart the high-water mark from the current load."""
         self.requests.clear()
         self.max_in_flight = self.in_flight
+        self.max_open_connections = self.open_connections
 
     def statistics(self) -> FakeUpstreamStatistics:
         """Return a snapshot of the counters."""
@@ -245,7 +253,15 @@ class FakeUpstream:
             max_in_flight=self.max_in_flight,
             completed=self.completed,
             cancelled=self.cancelled,
+            max_open_connections=self.max_open_connections,
         )
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now, as the fake's server counts them (one stays open until the
+        fake has finished with it, its handler included)."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
         """Return once ``predicate()`` is true; it is checked now and whenever a counter moves.
@@ -308,6 +324,7 @@ class FakeUpstream:
             self.in_flight += 1
             if self.in_flight > self.max_in_flight:
                 self.max_in_flight = self.in_flight
+            self.max_open_connections = max(self.max_open_connections, self.open_connections)
             if self._waiters:
                 self._notify()
             try:

@@ -37,6 +37,7 @@ from .conftest import (
     read_pid_fifo,
     reply_json,
     running,
+    split_frames,
     wait_gone,
 )
 
@@ -155,9 +156,8 @@ async def test_text_output_streams_as_it_arrives(sets: SetFactory) -> None:
     executor = cli_set(sets, ["--reply", "first second", "--hang-after", "1"])
     stream = await executor.open_stream(chat(stream=True))
     assert isinstance(stream, UpstreamStream)
-    async with stream:
-        role = payloads([await anext(stream.frames)])[0]
-        first = payloads([await anext(stream.frames)])[0]
+    async with stream:  # (the role goes out with the first piece of answer, in one write)
+        role, first = payloads(split_frames(await anext(stream.frames)))
     assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert first["choices"][0]["delta"] == {"content": "first "}
 
@@ -459,7 +459,8 @@ async def test_adapter_statistics_count_live_groups_and_pending_kills(
     sets: SetFactory, pid_fifo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``AdapterSet.statistics()``: a running group is live; once its caller is cancelled a
-    group that ignores SIGTERM is live with its kill pending until the grace ends; then
+    group that ignores SIGTERM is live with its kill pending until the grace ends — and the
+    cancelled call ends only then (its slot is not free before its group is gone); then
     nothing. HTTP adapters report no process groups."""
     monkeypatch.setattr(cli_process, "KILL_GRACE_SECONDS", 0.2)
     args = [*FAKE_CLI[1:], "--ignore-sigterm", "--spawn-child", "--pid-file", str(pid_fifo)]
@@ -482,10 +483,11 @@ async def test_adapter_statistics_count_live_groups_and_pending_kills(
     child = await read_pid_fifo(pid_fifo)
     assert counts()[0] == ("shell", "cli", 1, 0)
     task.cancel()
+    await wait_for(lambda: counts()[0] == ("shell", "cli", 1, 1))  # SIGTERM ignored
+    assert not task.done()  # the call waits for the reaper
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert counts()[0] == ("shell", "cli", 1, 1)  # SIGTERM ignored: the reaper waits
-    await wait_for(lambda: counts()[0] == ("shell", "cli", 0, 0))
+    assert counts()[0] == ("shell", "cli", 0, 0)
     await wait_gone(child)
 
 

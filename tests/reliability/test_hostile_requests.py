@@ -175,7 +175,8 @@ async def test_malformed_credentials_are_refused_and_never_logged(tmp_path: Path
     assert secret_lines(edge) == []
     request_lines = [orjson.loads(line) for line in edge.lines if '"event":"request"' in line]
     refused = [line["code"] for line in request_lines if line["status"] == 401]
-    assert refused.count("invalid_api_key") == 10  # the POSTs; GETs write no request line
+    # the POSTs and the two GETs of /v1/models: a refusal is logged like any request
+    assert refused.count("invalid_api_key") == 12
     assert refused.count("invalid_provider_auth") == 2
 
 

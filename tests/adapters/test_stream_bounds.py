@@ -1,0 +1,265 @@
+"""Streams that stall or die (issue 25): a provider's ``first_token_timeout_ms`` and
+``stream_idle_timeout_ms`` in every adapter, and a failed stream never presented as a clean end
+(no ``data: [DONE]``, no chunk with a ``finish_reason``) — openai_compat's SSE relay, ollama's
+NDJSON translation, cli's text and stream-json.
+
+Timeouts run on the loop's real time (the executors' shared timers): assertions on time are
+lower bounds only, so a slow machine cannot make them fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from iop_edge.adapters import AdapterSet, StreamBounds, UpstreamCall, UpstreamStream
+from iop_edge.errors import AdapterError
+from iop_edge.testing.fake_behavior import FakeBehavior
+from iop_edge.testing.fake_ollama import FakeOllama
+from iop_edge.testing.fake_openai import FakeOpenAI
+from tests.helpers import FAKE_CLI
+
+from .conftest import chat, frames_until_error, payloads
+
+SetFactory = Callable[..., AdapterSet]
+BOUND_MS = 200
+FIRST = StreamBounds(first_token_ms=BOUND_MS)
+IDLE = StreamBounds(idle_ms=BOUND_MS)
+
+
+def with_bounds(call: UpstreamCall, bounds: StreamBounds | None) -> UpstreamCall:
+    return UpstreamCall(
+        call.endpoint,
+        call.body,
+        call.target,
+        call.stream,
+        call.headers,
+        call.request_id,
+        call.model,
+        call.estimated_prompt_tokens,
+        bounds,
+    )
+
+
+def streamed(text: str = "one two three four", bounds: StreamBounds | None = None) -> UpstreamCall:
+    return with_bounds(chat(text, stream=True), bounds)
+
+
+def never_clean(frames: list[bytes]) -> None:
+    """What a client got before a failure holds no sign of a finished answer."""
+    assert b"data: [DONE]\n\n" not in frames
+    for chunk in payloads(frames):
+        for choice in chunk.get("choices", []):
+            assert choice.get("finish_reason") is None, chunk
+
+
+@pytest.fixture
+async def fake_oa() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake_ol() -> AsyncIterator[FakeOllama]:
+    async with FakeOllama() as fake:
+        yield fake
+
+
+def http_executor(sets: SetFactory, kind: str, base_url: str) -> Any:
+    adapter_set = sets(
+        [{"name": "a", "type": kind, "base_url": base_url}],
+        [{"id": "p1", "type": kind, "adapter": "a", "models": ["fake-model"]}],
+    )
+    return adapter_set.for_provider("p1")
+
+
+def cli_executor(sets: SetFactory, args: list[str], output_format: str = "text") -> Any:
+    adapter_set = sets(
+        [
+            {
+                "name": "shell",
+                "type": "cli",
+                "command": FAKE_CLI[0],
+                "args": [*FAKE_CLI[1:], "--format", output_format, *args],
+                "output_format": output_format,
+            }
+        ],
+        [{"id": "c1", "type": "cli", "adapter": "shell"}],
+    )
+    return adapter_set.for_provider("c1")
+
+
+async def first_frame_error(executor: Any, call: UpstreamCall) -> AdapterError:
+    """The error of a stream that fails before its first frame (from open_stream, or from the
+    first step of its frames — where the server looks for it, before the response head)."""
+
+    async def start() -> bytes:
+        opened = await executor.open_stream(call)
+        assert isinstance(opened, UpstreamStream)
+        return await opened.first()
+
+    with pytest.raises(AdapterError) as caught:
+        await start()
+    return caught.value
+
+
+# -- first_token_timeout_ms ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["openai_compat", "ollama"])
+async def test_no_first_event_in_time_is_a_timeout_that_fails_over(
+    sets: SetFactory, fake_oa: FakeOpenAI, fake_ol: FakeOllama, kind: str
+) -> None:
+    """The head came, then nothing: at ``first_token_timeout_ms`` (never before) the stream
+    fails as a timeout before the client's first byte — failover allowed — and the upstream
+    connection is closed (the fake sees its handler cancelled). Ollama's own role frame is
+    not sent alone ahead of it."""
+    fake = fake_oa if kind == "openai_compat" else fake_ol
+    fake.behavior = FakeBehavior(fault="stall", fault_after=0)
+    executor = http_executor(sets, kind, fake.base_url)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    error = await first_frame_error(executor, streamed(bounds=FIRST))
+    assert loop.time() >= started + BOUND_MS / 1000
+    assert (error.code, error.status, error.failure, error.failover) == (
+        "upstream_timeout",
+        504,
+        "timeout",
+        True,
+    )
+    assert f"first_token_timeout_ms={BOUND_MS}" in str(error)
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.cancelled == 1 and fake.in_flight == 0)
+
+
+async def test_a_cli_that_writes_nothing_in_time_fails_over_and_is_killed(
+    sets: SetFactory,
+) -> None:
+    executor = cli_executor(sets, ["--sleep", "30"])
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    error = await first_frame_error(executor, streamed(bounds=FIRST))
+    assert loop.time() >= started + BOUND_MS / 1000
+    assert (error.code, error.failure, error.failover) == ("upstream_timeout", "timeout", True)
+    assert f"first_token_timeout_ms={BOUND_MS}" in str(error)
+    assert "process group was killed" in str(error)
+
+
+@pytest.mark.parametrize("kind", ["openai_compat", "ollama", "cli"])
+async def test_a_first_event_in_time_meets_the_bound(
+    sets: SetFactory, fake_oa: FakeOpenAI, fake_ol: FakeOllama, kind: str
+) -> None:
+    """An answer that starts in time is relayed whole: the bound does not cut it later, and
+    an answer never waits on it (the same answer streams with the idle bound too)."""
+    if kind == "cli":
+        executor = cli_executor(sets, [])
+    else:
+        executor = http_executor(
+            sets, kind, (fake_oa if kind == "openai_compat" else fake_ol).base_url
+        )
+    opened = await executor.open_stream(
+        streamed(bounds=StreamBounds(first_token_ms=BOUND_MS, idle_ms=BOUND_MS))
+    )
+    assert isinstance(opened, UpstreamStream)
+    async with opened:
+        relayed = b"".join([frame async for frame in opened.frames])
+    assert relayed.endswith(b"data: [DONE]\n\n")
+
+
+# -- stream_idle_timeout_ms ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["openai_compat", "ollama"])
+async def test_a_stream_idle_past_its_bound_fails_mid_stream(
+    sets: SetFactory, fake_oa: FakeOpenAI, fake_ol: FakeOllama, kind: str
+) -> None:
+    """Three frames, then silence: ``stream_idle_timeout_ms`` after the last one the frames
+    raise ``upstream_timeout`` (no failover: the client has bytes); what came before is the
+    client's, and nothing of it says the answer finished."""
+    fake = fake_oa if kind == "openai_compat" else fake_ol
+    fake.behavior = FakeBehavior(fault="stall", fault_after=3)
+    executor = http_executor(sets, kind, fake.base_url)
+    frames, error = await frames_until_error(await executor.open_stream(streamed(bounds=IDLE)))
+    assert frames
+    never_clean(frames)
+    assert (error.code, error.failure, error.failover) == ("upstream_timeout", "timeout", False)
+    assert f"stream_idle_timeout_ms={BOUND_MS}" in str(error)
+
+
+async def test_a_cli_stream_idle_past_its_bound_fails_and_is_killed(sets: SetFactory) -> None:
+    executor = cli_executor(sets, ["--hang-after", "1"], "stream-json")
+    frames, error = await frames_until_error(await executor.open_stream(streamed(bounds=IDLE)))
+    assert payloads(frames)[1]["choices"][0]["delta"] == {"content": "one "}
+    never_clean(frames)
+    assert (error.code, error.failover) == ("upstream_timeout", False)
+    assert f"stream_idle_timeout_ms={BOUND_MS}" in str(error)
+
+
+# -- every other death: never a clean end --------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["reset", "malformed", "error"])
+@pytest.mark.parametrize("kind", ["openai_compat", "ollama"])
+async def test_an_http_stream_that_dies_never_ends_clean(
+    sets: SetFactory, fake_oa: FakeOpenAI, fake_ol: FakeOllama, kind: str, fault: str
+) -> None:
+    fake = fake_oa if kind == "openai_compat" else fake_ol
+    fake.behavior = FakeBehavior(fault=fault, fault_after=2)  # type: ignore[arg-type]
+    executor = http_executor(sets, kind, fake.base_url)
+    frames, error = await frames_until_error(await executor.open_stream(streamed()))
+    never_clean(frames)
+    assert error.code == "upstream_error"
+
+
+async def test_an_http_stream_past_request_timeout_never_ends_clean(
+    sets: SetFactory, fake_oa: FakeOpenAI
+) -> None:
+    fake_oa.behavior = FakeBehavior(fault="stall", fault_after=2)
+    adapter_set = sets(
+        [{"name": "a", "type": "openai_compat", "base_url": fake_oa.base_url}],
+        [{"id": "p1", "type": "openai_compat", "adapter": "a", "request_timeout_ms": BOUND_MS}],
+    )
+    stream = await adapter_set.for_provider("p1").open_stream(streamed())
+    frames, error = await frames_until_error(stream)
+    never_clean(frames)
+    assert (error.code, error.failover) == ("upstream_timeout", False)
+
+
+@pytest.mark.parametrize(
+    ("args", "output_format", "timeout_ms"),
+    [
+        (["--hang-after", "1"], "text", BOUND_MS),  # killed at request_timeout_ms
+        (["--exit-code", "3", "--answer-then-exit"], "text", None),  # a crash after output
+        (["--exit-code", "3", "--answer-then-exit"], "stream-json", None),
+        (["--reply", "ok"], "json-lines-broken", None),  # a malformed line
+    ],
+)
+async def test_a_cli_stream_that_dies_never_ends_clean(
+    sets: SetFactory, args: list[str], output_format: str, timeout_ms: int | None
+) -> None:
+    provider: dict[str, Any] = {"request_timeout_ms": timeout_ms} if timeout_ms else {}
+    if output_format == "json-lines-broken":
+        script = (  # the broken line after a pause: it fails mid-stream, not before it
+            "import sys, time; sys.stdin.read(); "
+            'print(\'{"type": "content", "content": "fine"}\', flush=True); '
+            "time.sleep(0.2); print('not json')"
+        )
+        adapter = {"command": sys.executable, "args": ["-c", script]}
+        output_format = "stream-json"
+    else:
+        adapter = {
+            "command": FAKE_CLI[0],
+            "args": [*FAKE_CLI[1:], "--format", output_format, *args],
+        }
+    adapter_set = sets(
+        [{"name": "shell", "type": "cli", "output_format": output_format, **adapter}],
+        [{"id": "c1", "type": "cli", "adapter": "shell", **provider}],
+    )
+    stream = await adapter_set.for_provider("c1").open_stream(streamed())
+    frames, error = await frames_until_error(stream)
+    never_clean(frames)
+    assert error.code in ("upstream_error", "upstream_timeout")
