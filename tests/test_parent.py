@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from iop_edge.daemon import RESTART_SIGNAL_WHILE_STARTING
+from iop_edge.parent import exit_code, wanted
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import BOUND, IOP_EDGE, child_states, doc_for, only_child, post
@@ -256,3 +258,25 @@ def test_a_sigusr2_before_the_server_is_ready_is_logged_and_ignored(tmp_path: Pa
     assert alive
     assert not parent.has_logged("handed_over")
     assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "parent"),
+    [
+        (["iop-edge", "serve", "--config", "e.yaml"], {}, True),
+        (["iop-edge", "serve", "--no-parent"], {}, False),
+        (["iop-edge", "serve"], {"NOTIFY_SOCKET": "/run/systemd/notify"}, False),  # systemd
+        (["iop-edge", "status"], {}, False),
+        (["iop-edge", "--version"], {}, False),
+    ],
+)
+def test_serve_outside_systemd_runs_as_the_thin_parent_unless_told_not_to(
+    argv: list[str], environ: dict[str, str], parent: bool
+) -> None:
+    assert wanted(argv, environ) is parent
+
+
+def test_the_exit_code_of_a_status_is_the_shells() -> None:
+    assert exit_code(0) == 0
+    assert exit_code(1 << 8) == 1
+    assert exit_code(signal.SIGKILL) == 137  # killed by a signal: 128 + its number
