@@ -6,11 +6,11 @@ rejected, 2 usage error, 3 restart required.
 
 from __future__ import annotations
 
-# Before every other import (they take a few hundred milliseconds). Outside systemd,
-# `iop-edge serve` runs as the thin parent of the server from the first import on, and exits
-# with the server's status (iop_edge.parent). Then, from the second on, a SIGHUP or SIGUSR2
-# sent to the server is remembered for the daemon instead of killing the process.
-from iop_edge import parent, sighup  # noqa: F401 - sighup is imported for its effect
+# Before every other import (they take a few hundred milliseconds). From here on a SIGHUP or
+# SIGUSR2 sent to `iop-edge serve` is remembered for the daemon instead of killing the process
+# (iop_edge.sighup); outside systemd the process runs, from this import on, as the thin parent
+# of the server, and exits with the server's status (iop_edge.parent).
+from iop_edge import parent, sighup
 
 # isort: split
 
@@ -241,10 +241,10 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """``iop-edge serve --config FILE``: run the daemon until SIGTERM/SIGINT."""
     from iop_edge.activation import ActivationError, inherited_sockets
-    from iop_edge.daemon import Daemon, early_signals
+    from iop_edge.daemon import Daemon
     from iop_edge.handover import HANDOVER_FD_ENV
 
-    with early_signals() as early:  # kept from sighup's import-time handler, never default
+    with sighup.early_signals() as early:  # kept from its import-time handler, never default
         try:
             inherited = inherited_sockets()
             handover = os.environ.pop(HANDOVER_FD_ENV, None)

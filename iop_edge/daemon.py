@@ -19,7 +19,7 @@ import secrets
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -81,15 +81,6 @@ promote fewer objects of requests in flight to the old generation, whose full co
 every long-lived object — with 10,000 requests waiting, 160–290 ms each, 26 times in a
 benchmark run, which was the tail at concurrency 64 (issue 16; ``bench/proxy_bench.py
 --scaling-only``). Cyclic garbage waits for up to 50,000 allocations."""
-
-
-RESTART_SIGNAL_WHILE_STARTING: Final = (
-    "a restart signal (SIGUSR2) arrived while the daemon was starting; it is ignored: the "
-    "daemon runs the program and config it has just loaded; send it again once it is ready to "
-    "restart it"
-)
-"""What is logged of a SIGUSR2 that came while the daemon started (the thin parent, which
-cannot import this module, says the same)."""
 
 
 def cancel_reserve(drain_timeout: float) -> float:
@@ -680,7 +671,7 @@ class Daemon:
             await self.stopped.wait()
         finally:
             await self.stop()
-            _hand_signals_back(loop)
+            sighup.hand_back(loop)
         return 0
 
     def _log_fd_limit(self, limit: FdLimit) -> None:
@@ -714,7 +705,7 @@ class Daemon:
 
     def _restart_signal_ignored(self, phase: Phase) -> None:
         if phase is Phase.STARTING:
-            message = RESTART_SIGNAL_WHILE_STARTING
+            message = sighup.RESTART_SIGNAL_WHILE_STARTING
         else:
             message = f"a restart signal (SIGUSR2) is ignored: {Lifecycle.refusal_in(phase)}"
         self.log.warning(
@@ -740,33 +731,3 @@ class Daemon:
             "/metrics", make_aiohttp_handler(self.registry, disable_compression=True)
         )
         return app
-
-
-@contextlib.contextmanager
-def early_signals() -> Iterator[list[int]]:
-    """Make sure SIGHUP and SIGUSR2 only get remembered (Python's default action would kill
-    the process) until the daemon's loop takes them over; yields the list of those received
-    (their numbers). :mod:`iop_edge.sighup` installs the same handler when ``iop-edge serve``
-    starts; on exit the handler found on entry is restored — unless it is that one: then the
-    process is about to end and the signal stays ignored to the end (the interpreter resets a
-    Python handler to the default action, which kills, when it finalizes)."""
-    previous = {signum: signal.signal(signum, sighup.remember) for signum in sighup.SIGNALS}
-    try:
-        yield sighup.PENDING
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_IGN if handler is sighup.remember else handler)
-
-
-def _hand_signals_back(loop: asyncio.AbstractEventLoop) -> None:
-    """Take SIGHUP and SIGUSR2 back from the loop before it closes (closing would reset them
-    to the default action, which kills) and ignore them: the daemon is stopping. They are
-    blocked while the handlers swap, so there is no instant of default action in between."""
-    signals = set(sighup.SIGNALS)
-    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        for signum in signals:
-            loop.remove_signal_handler(signum)
-            signal.signal(signum, signal.SIG_IGN)
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)

@@ -40,6 +40,10 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+# (light; importing it in `serve` puts its remembering handlers in, which catch_signals then
+# replaces with the parent's own)
+from iop_edge.sighup import RESTART_SIGNAL_WHILE_STARTING
+
 if TYPE_CHECKING:  # (not loaded at run time: the parent stays light)
     from collections.abc import Mapping, Sequence
     from types import FrameType
@@ -211,9 +215,7 @@ class ThinParent:
                     "restart_signal_ignored",
                     signal="SIGUSR2",
                     phase="starting",
-                    message="a restart signal (SIGUSR2) arrived while the daemon was starting; "
-                    "it is ignored: the daemon runs the program and config it has just loaded; "
-                    "send it again once it is ready to restart it",
+                    message=RESTART_SIGNAL_WHILE_STARTING,
                 )
 
     def _reap(self) -> tuple[dict[int, int], bool]:

@@ -22,11 +22,22 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-from types import FrameType
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:  # (not loaded at run time: this module stays light)
+    import asyncio
+    from collections.abc import Iterator
+    from types import FrameType
 
 SIGNALS: Final = (signal.SIGHUP, signal.SIGUSR2)
 """The signals remembered until the event loop takes them over."""
+
+RESTART_SIGNAL_WHILE_STARTING: Final = (
+    "a restart signal (SIGUSR2) arrived while the daemon was starting; it is ignored: the "
+    "daemon runs the program and config it has just loaded; send it again once it is ready to "
+    "restart it"
+)
+"""What the daemon and the thin parent log of a SIGUSR2 that came while the daemon started."""
 
 PENDING: list[int] = []
 """The numbers of the signals received before the event loop took them over."""
@@ -43,6 +54,36 @@ def install() -> None:
     with contextlib.suppress(ValueError):
         for signum in SIGNALS:
             signal.signal(signum, remember)
+
+
+@contextlib.contextmanager
+def early_signals() -> Iterator[list[int]]:
+    """Make sure SIGHUP and SIGUSR2 only get remembered (Python's default action would kill
+    the process) until the daemon's loop takes them over; yields the list of those received
+    (their numbers). :func:`install` puts the same handler in when ``iop-edge serve``
+    starts; on exit the handler found on entry is restored — unless it is that one: then the
+    process is about to end and the signal stays ignored to the end (the interpreter resets a
+    Python handler to the default action, which kills, when it finalizes)."""
+    previous = {signum: signal.signal(signum, remember) for signum in SIGNALS}
+    try:
+        yield PENDING
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_IGN if handler is remember else handler)
+
+
+def hand_back(loop: asyncio.AbstractEventLoop) -> None:
+    """Take SIGHUP and SIGUSR2 back from the loop before it closes (closing would reset them
+    to the default action, which kills) and ignore them: the daemon is stopping. They are
+    blocked while the handlers swap, so there is no instant of default action in between."""
+    signals = set(SIGNALS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, signal.SIG_IGN)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
 if sys.argv[1:2] == ["serve"]:

@@ -22,8 +22,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from iop_edge.daemon import RESTART_SIGNAL_WHILE_STARTING
 from iop_edge.parent import exit_code, wanted
+from iop_edge.sighup import RESTART_SIGNAL_WHILE_STARTING
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import BOUND, IOP_EDGE, child_states, doc_for, only_child, post
