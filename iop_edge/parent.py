@@ -135,10 +135,13 @@ class ThinParent:
         """Start the server. Listening sockets passed to this process (socket activation:
         ``LISTEN_PID`` is ours) are passed on to it, and closed here."""
         env = {**environ, "NOTIFY_SOCKET": self.notify_socket}
-        passed = int(env.get("LISTEN_FDS", "0")) if env.get("LISTEN_PID") == str(os.getpid()) else 0
+        count = env.get("LISTEN_FDS", "")
+        ours = env.get("LISTEN_PID") == str(os.getpid()) and count.isdigit()
+        passed = int(count) if ours else 0
         pid = os.fork()
         if pid == 0:  # the child, until exec: nothing but what it must do
             try:
+                signal.set_wakeup_fd(-1)  # (a signal now is the child's, not the parent's)
                 # (the interpreter ignores these two; the server starts with the default, as
                 # a subprocess does)
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
