@@ -43,6 +43,9 @@ install:
 	cp -R deploy configs $(PREFIX)/share/iop-edge/
 	@echo "installed: $(PREFIX)/bin/iop-edge ($$($(PREFIX)/bin/iop-edge --version))"
 
+# In the foreground, as the thin parent of the server (README "The thin parent"): the process
+# stays across `iop-edge restart` (another shell: .venv/bin/iop-edge restart --config CONFIG),
+# and Ctrl-C drains the server and ends it.
 run: $(STAMP)
 	$(BIN)/iop-edge serve --config $(CONFIG)
 

@@ -411,7 +411,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         log_path = work / "edge.log"
         with open(log_path, "ab") as log:  # O_APPEND: every process writes whole lines
             daemon = subprocess.Popen(
-                [IOP_EDGE, "serve", "--config", str(path), "--drain-timeout", "10"],
+                # the server alone: each old process exits, the first is our child
+                [IOP_EDGE, "serve", "--config", str(path), "--drain-timeout", "10", "--no-parent"],
                 stderr=log,
             )
         handovers: list[Handover] = []

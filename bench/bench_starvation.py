@@ -161,7 +161,8 @@ async def run_mode(args: argparse.Namespace, fake: FakeOpenAI, mode: str) -> dic
     log_path = work / "edge.log"
     with open(log_path, "w") as log:
         daemon = subprocess.Popen(
-            [IOP_EDGE, "serve", "--config", str(path), "--drain-timeout", "10"], stderr=log
+            [IOP_EDGE, "serve", "--config", str(path), "--drain-timeout", "10", "--no-parent"],
+            stderr=log,
         )
     try:
         clients = Clients(await listening(log_path, daemon))

@@ -422,7 +422,8 @@ def start_edge(
     process = processes.start(
         BenchProcess(
             name,
-            [str(VENV_BIN / "iop-edge"), "serve", "--config", str(path)],
+            # the server alone: its CPU and memory, not a thin parent's
+            [str(VENV_BIN / "iop-edge"), "serve", "--config", str(path), "--no-parent"],
             workdir / f"{name}.log",
             cores=cores,
         )

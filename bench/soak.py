@@ -257,7 +257,8 @@ async def memory_run(args: argparse.Namespace) -> dict[str, Any]:
     log_path = work / "edge.log"
     with open(log_path, "w") as log:
         daemon = subprocess.Popen(
-            [IOP_EDGE, "serve", "--config", str(config), "--drain-timeout", "10"],
+            # the server alone: its memory and children, not a thin parent's
+            [IOP_EDGE, "serve", "--config", str(config), "--drain-timeout", "10", "--no-parent"],
             stderr=log,
         )
     try:

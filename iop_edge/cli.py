@@ -6,9 +6,11 @@ rejected, 2 usage error, 3 restart required.
 
 from __future__ import annotations
 
-# Before every other import (they take a few hundred milliseconds): from here on, a SIGHUP sent
-# to `iop-edge serve` is remembered for the daemon instead of killing the process.
-from iop_edge import sighup  # noqa: F401 - imported for its effect (the early handler)
+# Before every other import (they take a few hundred milliseconds). From here on a SIGHUP or
+# SIGUSR2 sent to `iop-edge serve` is remembered for the daemon instead of killing the process
+# (iop_edge.sighup); outside systemd the process runs, from this import on, as the thin parent
+# of the server, and exits with the server's status (iop_edge.parent).
+from iop_edge import parent, sighup
 
 # isort: split
 
@@ -254,10 +256,10 @@ def cmd_config_refresh(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """``iop-edge serve --config FILE``: run the daemon until SIGTERM/SIGINT."""
     from iop_edge.activation import ActivationError, inherited_sockets
-    from iop_edge.daemon import Daemon, early_sighup
+    from iop_edge.daemon import Daemon
     from iop_edge.handover import HANDOVER_FD_ENV
 
-    with early_sighup() as hup:  # kept from sighup's import-time handler, never default
+    with sighup.early_signals() as early:  # kept from its import-time handler, never default
         try:
             inherited = inherited_sockets()
             handover = os.environ.pop(HANDOVER_FD_ENV, None)
@@ -298,7 +300,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from iop_edge.errors import ListenError
 
         try:
-            return uvloop.run(daemon.run(early_sighups=hup))
+            return uvloop.run(daemon.run(early_signals=early))
         except ListenError as exc:  # (the daemon has stopped what it had started)
             print(f"iop-edge serve: {exc}", file=sys.stderr)
             return EXIT_INVALID
@@ -733,6 +735,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         metavar="SECONDS",
         help="on SIGTERM, how long in-flight and queued requests may take (default 30)",
+    )
+    serve.add_argument(
+        parent.NO_PARENT,
+        action="store_true",
+        help="run the server in this process (outside systemd it otherwise runs as the child "
+        "of a thin parent that stays across restarts and reaps orphans)",
     )
     serve.set_defaults(func=cmd_serve)
 

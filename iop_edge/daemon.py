@@ -19,7 +19,7 @@ import secrets
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -52,6 +52,7 @@ from iop_edge.handover import (
     Predecessor,
     Successor,
 )
+from iop_edge.lifecycle import Lifecycle, Phase
 from iop_edge.listeners import (
     ADMIN_MAX_CONNECTIONS,
     ConnectionLimits,
@@ -120,6 +121,8 @@ class Daemon:
     handover_fd: int | None = None
     #: the process that took over from us, once a handover succeeded
     successor_pid: int | None = field(default=None, init=False)
+    #: where this process is in its life (:mod:`iop_edge.lifecycle`); only the daemon moves it
+    lifecycle: Lifecycle = field(default_factory=Lifecycle, init=False)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     scheduler: AdmissionScheduler = field(init=False)
     adapters: NodeAdapters = field(init=False)
@@ -131,7 +134,6 @@ class Daemon:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, init=False)
     _predecessor: Predecessor | None = field(default=None, init=False)
     _successor: Successor | None = field(default=None, init=False)
-    _restarting: bool = field(default=False, init=False)
     #: after we handed over: what we finish, relay or cut (logged as we exit)
     _drained: DrainTally | None = field(default=None, init=False)
     #: where the console's address is recorded for the command line (:mod:`runtime_record`)
@@ -322,6 +324,7 @@ class Daemon:
             gc.set_threshold(*GC_THRESHOLDS)
         self.server.ready = True
         self.scheduler.start()  # idle providers are probed from now on
+        self.lifecycle.enter(Phase.READY)
         self.notifier.ready(status_line(self.supervisor) if self.supervisor else "serving")
         if predecessor is not None:
             predecessor.serving()
@@ -390,6 +393,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.drain_timeout
         cut_at = deadline - cancel_reserve(self.drain_timeout)
+        if self.lifecycle.enter(Phase.STOPPING) is Phase.HANDING_OVER:
+            self._cancel_handover()
         self.notifier.stopping()
         self.server.ready = False
         openai = self.listeners.pop("openai", None)
@@ -464,20 +469,26 @@ class Daemon:
         """Hand the listening sockets and the pool over to a new process running the same
         command (``iop-edge restart``, ``SIGUSR2``; issue 14, :mod:`iop_edge.handover`).
 
-        The config file is validated first: if it does not load, nothing happens and the
-        answer lists its problems. If the new process fails to start or to become ready, it is
-        stopped and this one keeps serving. Once it is ready, this process stops accepting,
-        reports its leases, tells systemd the new main pid, and drains (``stopped`` is set).
+        Only a ready process restarts: while it starts, hands over, drains after a handover or
+        stops, the answer is ``rejected`` with its ``phase`` (:mod:`iop_edge.lifecycle`; a stop
+        never becomes a restart). The config file is validated first: if it does not load,
+        nothing happens and the answer lists its problems. If the new process fails to start
+        or to become ready, it is stopped and this one keeps serving. Once it is ready, this
+        process stops accepting, reports its leases, tells systemd (or the thin parent,
+        :mod:`iop_edge.parent`) the new main pid, and drains (``stopped`` is set).
         """
-        if self._restarting or self.successor_pid is not None:
-            return {"result": "rejected", "message": "a handover is already in progress"}
+        refusal = self.lifecycle.restart_refusal()
+        if refusal is not None:
+            return {"result": "rejected", "phase": self.lifecycle.phase.value, "message": refusal}
         if not self.argv or self.config_path is None:
             return {"result": "rejected", "message": "this process has no command to restart"}
-        if os.getpid() == 1:  # a container's init: when it exits, the container stops
+        if os.getpid() == 1:  # a container's init (--no-parent): the container ends with it
             return {
                 "result": "rejected",
-                "message": "this process is PID 1 (a container's init): the container would "
-                "stop with it; restart the container instead (SIGTERM drains it)",
+                "message": "this process is PID 1 (a container's init, started with "
+                "--no-parent): the container would stop with it; run iop-edge serve without "
+                "--no-parent (its thin parent stays PID 1 across restarts), or restart the "
+                "container instead (SIGTERM drains it)",
             }
         try:
             candidate = load_config_file(str(self.config_path), self.env)
@@ -487,11 +498,12 @@ class Daemon:
                 "message": "the config file does not load; nothing was restarted",
                 "errors": [{"path": p.path, "message": p.message} for p in exc.problems],
             }
-        self._restarting = True
+        self.lifecycle.enter(Phase.HANDING_OVER)
         try:
             return await self._hand_over(candidate, ready_timeout)
         finally:
-            self._restarting = False
+            if self.lifecycle.phase is Phase.HANDING_OVER:  # it failed: serve on
+                self.lifecycle.enter(Phase.READY)
 
     async def _hand_over(self, candidate: EdgeConfig, ready_timeout: float) -> dict[str, Any]:
         # Pass the sockets whose address the new config keeps; a changed listen is bound anew.
@@ -521,8 +533,13 @@ class Daemon:
             return {"result": "failed", "message": f"the new process did not start: {exc}"}
         finally:
             theirs.close()
-        successor = Successor(process, await Channel.open(ours))
-        if not await successor.wait_ready(ready_timeout):
+        self._successor = successor = Successor(process, await Channel.open(ours))
+        # A stop from here on aborts the handover (:meth:`_cancel_handover`).
+        ready = not self.lifecycle.stopping and await successor.wait_ready(ready_timeout)
+        if self.lifecycle.stopping:
+            return await self._handover_cancelled(successor)
+        if not ready:
+            self._successor = None
             if process.poll() is None:
                 process.kill()
             code = await asyncio.to_thread(process.wait)
@@ -564,6 +581,7 @@ class Daemon:
         assert successor.pid is not None
         self.successor_pid = successor.pid
         self.notifier.notify(f"MAINPID={successor.pid}")
+        self.notifier.close()
         self.notifier = Notifier({})  # the new process speaks to systemd from now on
         self.log.info(
             "handed_over",
@@ -572,9 +590,45 @@ class Daemon:
             relayed_queued=at_handover.queue_depth,
             duration_ms=round((self.clock.now() - started) * 1000, 1),
         )
-        self._successor = successor
-        self._tasks.append(asyncio.create_task(self._stop_when_idle()))
+        if not self.lifecycle.stopping:  # (a stop now drains anyway; new was told to stop)
+            self.lifecycle.enter(Phase.DRAINING)
+            self._tasks.append(asyncio.create_task(self._stop_when_idle()))
         return {"result": "handed_over", "pid": successor.pid}
+
+    def _cancel_handover(self) -> None:
+        """A stop began during a handover: the new process must not serve on after this one
+        (issue 25). Not yet handed the leases, it is killed; handed them, it is sent SIGTERM
+        and drains too. (A process not started yet sees the stop in :meth:`_hand_over`.)"""
+        successor = self._successor
+        if successor is None:
+            return
+        outcome = successor.abort()
+        if outcome is None:  # (aborted before)
+            return
+        self.log.warning(
+            "handover_cancelled",
+            pid=successor.process.pid,
+            new_process=outcome,
+            message={
+                "killed": "the daemon is stopping: the new process, which served nothing yet, "
+                "was killed",
+                "stopped": "the daemon is stopping: the new process had taken over and was "
+                "sent SIGTERM; it drains too",
+                "exited": "the daemon is stopping; the new process had exited",
+            }[outcome],
+        )
+
+    async def _handover_cancelled(self, successor: Successor) -> dict[str, Any]:
+        """The answer of a restart a stop cancelled, once the new process is gone."""
+        self._cancel_handover()  # (done already unless the stop began as it was started)
+        code = await asyncio.to_thread(successor.process.wait)
+        successor.channel.close()
+        return {
+            "result": "rejected",
+            "phase": Phase.STOPPING.value,
+            "message": "the daemon began to stop during the handover: the new process was "
+            f"stopped (exit code {code}) and nothing was restarted",
+        }
 
     async def _stop_when_idle(self) -> None:
         """After a handover: kept-alive connections may still carry requests (relayed, each
@@ -613,12 +667,14 @@ class Daemon:
             await listener.drain(deadline)
         await listener.close()
 
-    async def run(self, *, early_sighups: Sequence[int] = ()) -> int:
+    async def run(self, *, early_signals: Sequence[int] = ()) -> int:
         """Serve until SIGTERM or SIGINT, then drain and stop; returns the exit code.
 
-        SIGHUP asks the supervisor for a refresh; ``early_sighups`` holds those that arrived
-        before the loop's handler was installed (:mod:`iop_edge.sighup`): if any did, one
-        refresh is queued. The soft open-file limit is raised to the hard one first.
+        SIGHUP asks the supervisor for a refresh, SIGUSR2 for a restart. ``early_signals``
+        holds those that arrived before the loop's handlers were installed
+        (:mod:`iop_edge.sighup`): a SIGHUP among them queues one refresh once started; a
+        SIGUSR2 is logged and ignored (the process runs what it has just loaded). The soft
+        open-file limit is raised to the hard one first.
         """
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -628,12 +684,15 @@ class Daemon:
         try:
             self._log_fd_limit(raise_fd_limit())
             await self.start()
-            if early_sighups:  # read after the loop's handler went in: none is lost
+            # (read after the loop's handlers went in: none is lost)
+            if signal.SIGHUP in early_signals:
                 self._on_hup()
+            if signal.SIGUSR2 in early_signals:
+                self._restart_signal_ignored(Phase.STARTING)
             await self.stopped.wait()
         finally:
             await self.stop()
-            _hand_sighup_back(loop)
+            sighup.hand_back(loop)
         return 0
 
     def _log_fd_limit(self, limit: FdLimit) -> None:
@@ -652,7 +711,11 @@ class Daemon:
             )
 
     def _on_usr2(self) -> None:
-        """SIGUSR2: hand over to a new process (as ``iop-edge restart``)."""
+        """SIGUSR2: hand over to a new process (as ``iop-edge restart``) — when ready; in any
+        other phase it is logged and ignored (a stop never becomes a restart)."""
+        if self.lifecycle.phase is not Phase.READY:
+            self._restart_signal_ignored(self.lifecycle.phase)
+            return
 
         async def restart() -> None:
             result = await self.restart()
@@ -660,6 +723,15 @@ class Daemon:
                 self.log.warning("restart_refused", **result)
 
         self._tasks.append(asyncio.create_task(restart()))
+
+    def _restart_signal_ignored(self, phase: Phase) -> None:
+        if phase is Phase.STARTING:
+            message = sighup.RESTART_SIGNAL_WHILE_STARTING
+        else:
+            message = f"a restart signal (SIGUSR2) is ignored: {Lifecycle.refusal_in(phase)}"
+        self.log.warning(
+            "restart_signal_ignored", signal="SIGUSR2", phase=phase.value, message=message
+        )
 
     def _on_hup(self) -> None:
         if self.supervisor is not None:
@@ -701,30 +773,3 @@ class Daemon:
             "/metrics", make_aiohttp_handler(self.registry, disable_compression=True)
         )
         return app
-
-
-@contextlib.contextmanager
-def early_sighup() -> Iterator[list[int]]:
-    """Make sure SIGHUP only gets remembered (Python's default would kill the process) until
-    the daemon's loop takes it over; yields the list of those received (non-empty once one
-    arrived). :mod:`iop_edge.sighup` installs the same handler when ``iop-edge serve``
-    starts; on exit the handler found on entry is restored — unless it is that one: then the
-    process is about to end and SIGHUP stays ignored to the end (the interpreter resets a
-    Python handler to the default action, which kills, when it finalizes)."""
-    previous = signal.signal(signal.SIGHUP, sighup.remember)
-    try:
-        yield sighup.PENDING
-    finally:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN if previous is sighup.remember else previous)
-
-
-def _hand_sighup_back(loop: asyncio.AbstractEventLoop) -> None:
-    """Take SIGHUP back from the loop before it closes (closing would reset it to the default
-    action, which kills) and ignore it: the daemon is stopping. The signal is blocked while
-    the handlers swap, so there is no instant of default action in between."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-    try:
-        loop.remove_signal_handler(signal.SIGHUP)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -233,6 +234,11 @@ class Successor:
         self.pid: int | None = None
         self.openai_url = ""
         self.secret = ""
+        #: whether it was sent our leases: from then on old has stopped listening, and new
+        #: serves (or is about to)
+        self.committed = False
+        #: how :meth:`abort` ended it, once it did
+        self.aborted: str | None = None
 
     async def wait_ready(self, timeout: float) -> bool:
         """Whether new said it is ready within ``timeout`` (False: it failed or exited)."""
@@ -255,6 +261,7 @@ class Successor:
             channel.send({"type": "released", "lease": [node, provider, long]})
 
         scheduler.on_release = released
+        self.committed = True
         channel.send(
             {
                 "type": "leases",
@@ -267,6 +274,24 @@ class Successor:
     async def wait_serving(self, timeout: float) -> bool:
         """Whether new said it accepts within ``timeout``."""
         return await self.channel.expect("serving", timeout) is not None
+
+    def abort(self) -> str | None:
+        """Old stops during the handover: new must not serve on after it. Before it was
+        sent the leases it has accepted nothing: it is killed. After, it serves (or is about
+        to): it gets SIGTERM and drains what it took, as old does. Returns which (``killed``,
+        ``stopped``, or ``exited`` when it had ended), or ``None`` when it was aborted before.
+        """
+        if self.aborted:
+            return None
+        if self.process.poll() is not None:
+            self.aborted = "exited"
+        elif self.committed:
+            self.process.send_signal(signal.SIGTERM)
+            self.aborted = "stopped"
+        else:
+            self.process.kill()
+            self.aborted = "killed"
+        return self.aborted
 
 
 __all__ = [

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,10 +37,13 @@ __all__ = [
     "ROOT",
     "Edge",
     "child_pids",
+    "child_states",
     "doc_for",
     "dump",
     "edge_on",
     "leaks",
+    "only_child",
+    "post",
     "process_gone",
     "rename_save",
     "settled",
@@ -50,6 +58,50 @@ IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))
 
 FAKE_CLI = [sys.executable, "-m", "iop_edge.testing.fake_cli"]
 """The fake command-line agent, as a provider's ``command`` + ``args``."""
+
+
+def child_states(pid: int) -> dict[int, str]:
+    """The children of process ``pid``, zombies included, with their states (``R``, ``S``,
+    ``Z`` for a zombie, ...), as ``/proc`` shows them."""
+    found: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                # "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'
+                state, ppid = handle.read().rpartition(")")[2].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if ppid == str(pid):
+            found[int(entry)] = state
+    return found
+
+
+def post(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    """POST ``body`` as JSON; the status and the JSON answer (an error status too)."""
+    data = json.dumps(body or {}).encode()
+    request = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=BOUND) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read())
+
+
+def only_child(pid: int, other_than: int = 0) -> int:
+    """Wait until process ``pid`` has exactly one child, no zombie and not ``other_than``;
+    that child."""
+    deadline = time.monotonic() + BOUND
+    while True:
+        children = child_states(pid)
+        if len(children) == 1 and "Z" not in children.values() and other_than not in children:
+            return next(iter(children))
+        assert time.monotonic() < deadline, f"process {pid} keeps the children {children}"
+        time.sleep(0.01)
 
 
 def doc_for(fake: FakeOpenAI | None = None, *, capacity: int = 2, **root: Any) -> dict[str, Any]:

@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import BOUND, ROOT, doc_for, dump
+from tests.helpers import BOUND, ROOT, doc_for, dump, only_child, post
+
+HI = [{"role": "user", "content": "hi"}]
 
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -187,41 +189,96 @@ def wait_event(process: subprocess.Popen[str], name: str) -> dict[str, Any]:
     raise AssertionError(f"the daemon exited without logging {name!r}")
 
 
-def test_the_entrypoint_as_pid_1_takes_sighup_and_drains_on_sigterm(tmp_path):
-    """PID 1 ignores a signal it has no handler for: the daemon must handle SIGHUP and SIGTERM
-    itself (no shell in between). A refresh on SIGHUP, a drain and exit 0 on SIGTERM; a
-    restart is refused (the container would end with PID 1), saying what to do instead."""
-    config = tmp_path / "edge.yaml"
-    config.write_text(dump(doc_for(logging={"format": "json"})))
-    runtime = tmp_path / "run"
+def container_doc(**root: Any) -> dict[str, Any]:
+    """A config with JSON logs, the echo model and ``orphans``: a CLI agent that leaves a
+    background job behind each time it answers (``sh -c 'sleep 30 & printf hi'``)."""
+    doc = doc_for(logging={"format": "json"}, **root)
+    node = doc["nodes"][0]
+    node["adapters"].append(
+        {"name": "bg", "type": "cli", "command": "sh", "args": ["-c", "sleep 30 & printf hi"]}
+    )
+    node["providers"].append(
+        {"id": "bg", "type": "cli", "category": "cli", "adapter": "bg", "models": ["echo"]}
+    )
+    doc["models"].append({"id": "orphans", "context_window_tokens": 4096, "providers": ["bg"]})
+    return doc
+
+
+def container_env(config: Path, runtime: Path) -> dict[str, str]:
     runtime.mkdir(mode=0o755)
-    env = {
+    return {
         "PATH": os.environ["PATH"],
         "IOP_EDGE_CONFIG": str(config),
         "RUNTIME_DIRECTORY": str(runtime),
         "PYTHONUNBUFFERED": "1",
     }
-    with as_pid_1(container_argv(config), env) as (launcher, daemon):
+
+
+def ns_pid(pid: int) -> int:
+    """Process ``pid``'s pid inside its own PID namespace."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    raise AssertionError(f"no NSpid line for process {pid}")
+
+
+def test_the_entrypoint_as_pid_1_reaps_orphans_restarts_and_drains(tmp_path):
+    """The entrypoint as PID 1 of a new PID namespace, as in a container, is the thin parent
+    (:mod:`iop_edge.parent`) of the server. PID 1 ignores a signal it has no handler for: it
+    handles SIGHUP and SIGTERM itself (no shell in between) and forwards them. SIGHUP
+    refreshes; the background jobs a CLI agent leaves behind come to PID 1 and are reaped (as
+    the server was PID 1 itself, each became a zombie); ``POST /admin/restart`` hands over
+    (it used to be refused: the container would have ended with the old server) and PID 1
+    stays, the new server answering; SIGTERM drains and PID 1 exits 0."""
+    config = tmp_path / "edge.yaml"
+    config.write_text(dump(container_doc()))
+    env = container_env(config, tmp_path / "run")
+    with as_pid_1(container_argv(config), env) as (launcher, init):
         listening = wait_event(launcher, "listening")
-        (nspid,) = [
-            line.split()
-            for line in Path(f"/proc/{daemon}/status").read_text().splitlines()
-            if line.startswith("NSpid:")
-        ]
-        assert nspid[-1] == "1"  # the daemon's pid inside its namespace
-        config.write_text(dump(doc_for(capacity=5, logging={"format": "json"})))
-        os.kill(daemon, signal.SIGHUP)
+        assert ns_pid(init) == 1
+        server = only_child(init)
+        config.write_text(dump(container_doc(provider_pool={"max_queue": 9})))
+        os.kill(init, signal.SIGHUP)
         refreshed = wait_event(launcher, "config_refresh")
         assert (refreshed["trigger"], refreshed["result"]) == ("signal", "applied")
-        request = urllib.request.Request(listening["console"] + "/admin/restart", method="POST")
-        with urllib.request.urlopen(request, timeout=BOUND) as answer:
-            restart = json.loads(answer.read())
-        assert restart["result"] == "rejected"
-        assert "PID 1" in restart["message"]
-        assert "restart the container instead" in restart["message"]
+        answers = [
+            post(listening["openai"] + "/v1/chat/completions", {"model": "orphans", "messages": HI})
+            for _ in range(5)
+        ]
+        assert [(status, body["choices"][0]["message"]["content"]) for status, body in answers] == [
+            (200, "hi")
+        ] * 5
+        assert only_child(init) == server  # every orphan reaped: no zombie left
+        status, restart = post(listening["console"] + "/admin/restart")
+        assert (status, restart["result"]) == (200, "handed_over"), restart
+        new = only_child(init, other_than=server)  # the old one exited: the new one is PID 1's
+        assert ns_pid(new) == restart["pid"]
+        status, answer = post(
+            listening["openai"] + "/v1/chat/completions", {"model": "echo", "messages": HI}
+        )
+        assert (status, answer["choices"][0]["message"]["content"].strip()) == (200, "hi")
+        os.kill(init, signal.SIGTERM)
+        wait_event(launcher, "stopped")
+        assert launcher.wait(BOUND) == 0
+
+
+def test_a_server_that_is_pid_1_itself_refuses_a_restart(tmp_path):
+    """``--no-parent`` as a container's entrypoint: the server is PID 1, and a restart is
+    refused (the container would end with it), saying what to do instead."""
+    config = tmp_path / "edge.yaml"
+    config.write_text(dump(doc_for(logging={"format": "json"})))
+    env = container_env(config, tmp_path / "run")
+    with as_pid_1([*container_argv(config), "--no-parent"], env) as (launcher, daemon):
+        listening = wait_event(launcher, "listening")
+        assert ns_pid(daemon) == 1
+        status, restart = post(listening["console"] + "/admin/restart")
         os.kill(daemon, signal.SIGTERM)
         wait_event(launcher, "stopped")
         assert launcher.wait(BOUND) == 0
+    assert (status, restart["result"]) == (200, "rejected")
+    assert "PID 1" in restart["message"]
+    assert "without --no-parent" in restart["message"]
+    assert "restart the container instead" in restart["message"]
 
 
 def container_engine() -> str | None:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,10 +32,13 @@ from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.testing.leaks import NO_LEAKS, leaks
 from iop_edge.tokens import token_hash
-from tests.helpers import BOUND, IOP_EDGE, doc_for, dump, edge_on, wait_for
-from tests.test_stop_and_signals import served, write_config
+from tests.helpers import BOUND, IOP_EDGE, child_states, doc_for, dump, edge_on, wait_for
+from tests.test_stop_and_signals import served, third_party_code_loaded, write_config
 
 TOKENS = {"app-a": "iop_token-of-app-a", "app-b": "iop_token-of-app-b"}
+ALONE = "--no-parent"
+"""These tests watch the server processes themselves: the old one's exit, each one's pid
+(the thin parent that otherwise starts them is tested in ``tests/test_parent.py``)."""
 JSON = {"Content-Type": "application/json"}
 
 
@@ -173,7 +179,7 @@ async def test_a_handover_under_load_fails_nothing_and_keeps_capacity_exact(
         doc = tokens_doc(fake, ["app-a"])
         config = write_config(tmp_path, doc)
         new_pid: list[int] = []
-        with served(config) as old, successor_stopped(new_pid):
+        with served(config, ALONE) as old, successor_stopped(new_pid):
             listening = old.wait_event("listening")
             url, console = listening["openai"], listening["console"]
             outcomes: list[tuple[int, str]] = []
@@ -246,7 +252,7 @@ async def test_a_handover_under_load_fails_nothing_and_keeps_capacity_exact(
 async def test_a_config_that_does_not_load_restarts_nothing(tmp_path: Path) -> None:
     async with FakeOpenAI() as fake:
         config = write_config(tmp_path, tokens_doc(fake, ["app-a"]))
-        with served(config) as old:
+        with served(config, ALONE) as old:
             console = old.wait_event("listening")["console"]
             broken = yaml.safe_load(config.read_text())
             broken["provider_pool"]["max_queue"] = "many"
@@ -283,7 +289,7 @@ async def test_a_new_process_that_cannot_start_leaves_the_old_one_serving(
         async with FakeOpenAI() as fake:
             doc = tokens_doc(fake, ["app-a"])
             config = write_config(tmp_path, doc)
-            with served(config) as old:
+            with served(config, ALONE) as old:
                 listening = old.wait_event("listening")
                 doc["metrics"]["listen"] = f"127.0.0.1:{port}"
                 edit_config(config, doc)
@@ -308,7 +314,7 @@ async def test_sigusr2_hands_over_as_the_restart_command_does(tmp_path: Path) ->
     async with FakeOpenAI() as fake:
         config = write_config(tmp_path, tokens_doc(fake, ["app-a"]))
         new_pid: list[int] = []
-        with served(config) as old, successor_stopped(new_pid):
+        with served(config, ALONE) as old, successor_stopped(new_pid):
             listening = old.wait_event("listening")
             old.process.send_signal(signal.SIGUSR2)
             handed = await asyncio.to_thread(old.wait_event, "handed_over")
@@ -330,7 +336,7 @@ async def test_ten_handovers_in_a_row_under_load_leak_no_descriptor_process_or_s
     async with FakeOpenAI(behavior=FakeBehavior(latency=0.02, chunk_delay=0.01)) as fake:
         config = write_config(tmp_path, tokens_doc(fake, ["app-a"]))
         pids: list[int] = []
-        with served(config) as first, successor_stopped(pids):
+        with served(config, ALONE) as first, successor_stopped(pids):
             listening = first.wait_event("listening")
             url, console = listening["openai"], listening["console"]
             outcomes: list[tuple[int, str]] = []
@@ -415,7 +421,11 @@ async def test_a_restart_is_refused_while_one_runs_or_without_a_command(tmp_path
             edge.daemon.argv = ()
             without = await edge.daemon.restart()
             answer = await serves(edge.daemon.listeners["openai"].url)
-    assert second == {"result": "rejected", "message": "a handover is already in progress"}
+    assert second == {
+        "result": "rejected",
+        "phase": "handing_over",
+        "message": "a handover is already in progress",
+    }
     assert first_result["result"] == "failed"
     assert without == {"result": "rejected", "message": "this process has no command to restart"}
     assert answer == 200
@@ -444,3 +454,155 @@ async def test_inherited_leases_are_counted_so_that_released_is_admitted_plus_in
     assert (counters["admitted"], counters["inherited"], counters["released"]) == (1, 2, 3)
     assert found == {**NO_LEAKS, "child_processes": found["child_processes"]}
     assert "admitted 1, inherited 2, released 3," in format_status(shown)
+
+
+# -- a stop never becomes a restart (issue 25) ----------------------------------------------
+
+
+def refused(url: str) -> bool:
+    """Whether a connection to ``url``'s address is refused: nothing listens there."""
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=BOUND).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+async def test_a_stop_never_becomes_a_restart(tmp_path: Path) -> None:
+    """SIGTERM while a request is in flight, so the drain lasts until the upstream answers:
+    ``POST /admin/restart`` is 409 ``daemon_stopping``, ``iop-edge restart`` says so and exits
+    1, SIGUSR2 is logged and ignored. The request is answered, the process exits 0, and
+    nothing serves on: the listeners' ports refuse connections and no process of the daemon
+    is left. (Before issue 25 both restarts handed over, and the new process served on after
+    the stopped one exited.) ``iop-edge serve`` as an operator runs it."""
+    async with FakeOpenAI(behavior=FakeBehavior(hold=True)) as fake:
+        config = write_config(tmp_path, tokens_doc(fake, ["app-a"]))
+        with served(config) as daemon:
+            listening = daemon.wait_event("listening")
+            url, console = listening["openai"], listening["console"]
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=BOUND)) as s:
+                held = asyncio.create_task(ask(s, url, "app-a", "held"))
+                await fake.wait_in_flight(1)
+                daemon.process.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(daemon.wait_event, "draining")
+                async with s.post(console + "/admin/restart", headers=JSON) as response:
+                    status, body = response.status, await response.json()
+                cli = await asyncio.to_thread(
+                    subprocess.run,
+                    [IOP_EDGE, "restart", "--console", console],
+                    capture_output=True,
+                    text=True,
+                    timeout=BOUND,
+                )
+                daemon.process.send_signal(signal.SIGUSR2)
+                ignored = await asyncio.to_thread(daemon.wait_event, "restart_signal_ignored")
+                fake.release()
+                answer = await held
+            code = await asyncio.to_thread(daemon.exit_code)
+            left = await asyncio.to_thread(group_left, daemon.process.pid)
+            closed = [await asyncio.to_thread(refused, each) for each in (url, console)]
+    assert status == 409
+    assert body["error"]["code"] == "daemon_stopping"
+    assert body["error"]["message"].startswith("the daemon is stopping")
+    assert cli.returncode == 1
+    assert "HTTP 409: the daemon is stopping" in cli.stderr
+    assert (ignored["signal"], ignored["phase"]) == ("SIGUSR2", "stopping")
+    assert answer[0] == 200
+    assert code == 0, daemon.log
+    assert not daemon.has_logged("handed_over")
+    assert not left
+    assert closed == [True, True]
+
+
+def group_left(group: int) -> bool:
+    """Whether a process of the process group ``group`` is still running, once the
+    processes that end have had the time to (bounded): a successor would serve on."""
+    deadline = time.monotonic() + 1.0  # (a bound, not a pace: the answer is "none" at once)
+    while True:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.01)
+
+
+async def test_a_stop_during_a_handover_kills_the_new_process_before_it_serves(
+    tmp_path: Path, log_stream: Any
+) -> None:
+    """A restart waits for a new process that is not ready yet when the daemon stops: the new
+    process is killed (it never served), the restart answers ``rejected`` in the phase
+    ``stopping``, and ``handover_cancelled`` says so. (Before issue 25 the old process exited
+    and left the new one to take its sockets over.)"""
+    async with FakeOpenAI() as fake:
+        started = tmp_path / "started"
+        # a new process that records its pid and never says it is ready
+        waits = (sys.executable, "-c", WAITS, str(started))
+        async with edge_on(tmp_path, tokens_doc(fake, ["app-a"]), argv=waits) as edge:
+            restart = asyncio.create_task(edge.daemon.restart())
+            await wait_for(lambda: started.exists() and started.read_text() != "")
+            pid = int(started.read_text())
+            phase = edge.daemon.lifecycle.phase
+            await edge.daemon.stop()
+            result = await asyncio.wait_for(restart, BOUND)
+            second = await edge.daemon.restart()
+    assert phase.value == "handing_over"
+    assert result["result"] == "rejected"
+    assert result["phase"] == "stopping"
+    assert "the new process was stopped (exit code -9)" in result["message"]
+    assert second["phase"] == "stopping"
+    assert exited(pid)
+    [cancelled] = [
+        e
+        for e in map(json.loads, log_stream.getvalue().splitlines())
+        if e["event"] == "handover_cancelled"
+    ]
+    assert (cancelled["pid"], cancelled["new_process"]) == (pid, "killed")
+
+
+WAITS = """\
+import os, sys, time
+with open(sys.argv[1], "w") as record:
+    record.write(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+async def test_sigusr2_to_the_new_process_while_it_starts_is_ignored(tmp_path: Path) -> None:
+    """SIGUSR2 to the new process of a handover while it imports its libraries (before issue
+    25 it died of it, exit -12, and the handover failed): it logs the signal as arrived while
+    starting and ignored, and takes over."""
+    async with FakeOpenAI() as fake:
+        config = write_config(tmp_path, tokens_doc(fake, ["app-a"]))
+        new_pid: list[int] = []
+        with served(config, ALONE) as old, successor_stopped(new_pid):
+            console = old.wait_event("listening")["console"]
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=BOUND)) as s:
+                restart = asyncio.create_task(s.post(console + "/admin/restart", headers=JSON))
+                new = await asyncio.to_thread(importing_child, old.process.pid)
+                os.kill(new, signal.SIGUSR2)
+                async with await restart as response:
+                    result = await response.json()
+            new_pid.append(result.get("pid", new))
+            ignored = await asyncio.to_thread(old.wait_event, "restart_signal_ignored")
+    assert result == {"result": "handed_over", "pid": new}
+    assert (ignored["phase"], ignored["signal"]) == ("starting", "SIGUSR2")
+
+
+def importing_child(pid: int) -> int:
+    """The child of process ``pid`` that is the new process of a handover importing its
+    libraries: past the activation shim's ``exec`` (its environment names its sockets; a
+    fork not yet exec'd maps old's libraries too) and into the package's imports."""
+    deadline = time.monotonic() + BOUND
+    while time.monotonic() < deadline:
+        for child in child_states(pid):
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+                if b"LISTEN_PID=" + str(child).encode() in environ and third_party_code_loaded(
+                    child
+                ):
+                    return child
+        time.sleep(0.0005)
+    raise AssertionError(f"process {pid} started no iop-edge serve")

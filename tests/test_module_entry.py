@@ -50,45 +50,46 @@ def gone(pid: int) -> bool:
 
 
 def test_a_daemon_run_as_python_m_restarts_as_python_m_and_keeps_its_record(tmp_path):
-    """``iop-edge restart`` runs the daemon's own command again: for ``python -m iop_edge``
-    that is the interpreter with ``-m iop_edge`` (not the path of ``__main__.py``). The
-    successor's console record replaces the old one, which the old process leaves in place
-    as it exits; the successor removes it when it stops."""
+    """``python -m iop_edge serve`` outside systemd: the thin parent starts the server with its
+    own command — the interpreter with ``-m iop_edge``, not the path of ``__main__.py`` — and
+    ``iop-edge restart`` runs the server's command again for the successor. The parent stays;
+    the successor's console record replaces the old server's, which that one leaves in place
+    as it exits; SIGTERM to the parent stops the successor, which removes its record, and the
+    parent exits 0."""
     config = tmp_path / "edge.yaml"
     config.write_text(dump(doc_for(logging={"format": "json"})))
     record = Path(os.environ["XDG_RUNTIME_DIR"]) / "iop-edge" / record_name(config)
-    old = subprocess.Popen(
-        [*MODULE, "serve", "--config", str(config)], stderr=subprocess.PIPE, text=True
-    )
-    new_pid = 0
+    command = [*MODULE, "serve", "--config", str(config)]
+    parent = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert old.stderr is not None
-        for line in old.stderr:
+        assert parent.stderr is not None
+        for line in parent.stderr:
             if json.loads(line)["event"] == "listening":
                 break
-        assert json.loads(record.read_text())["pid"] == old.pid
+        first = json.loads(record.read_text())["pid"]
+        assert first != parent.pid
+        assert cmdline(first) == command
         restarted = module("restart", "--config", str(config), "--json")
         assert restarted.returncode == 0, restarted.stderr
         answer = json.loads(restarted.stdout)
         assert answer["result"] == "handed_over"
         new_pid = answer["pid"]
-        assert cmdline(new_pid) == [*MODULE, "serve", "--config", str(config)]
-        assert old.wait(BOUND) == 0
+        assert cmdline(new_pid) == command
+        deadline = time.monotonic() + BOUND
+        while not gone(first) and time.monotonic() < deadline:
+            time.sleep(0.05)  # (the parent reaps it: no wait() of ours to block on)
+        assert gone(first)
+        assert parent.poll() is None
         assert json.loads(record.read_text())["pid"] == new_pid
         status = module("status", "--config", str(config), "--json")
         assert json.loads(status.stdout)["pid"] == new_pid
-        os.kill(new_pid, signal.SIGTERM)
-        deadline = time.monotonic() + BOUND
-        while not gone(new_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)  # not our child: no wait() to block on
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(BOUND) == 0
         assert gone(new_pid)
         assert not record.exists()
     finally:
-        if old.poll() is None:
-            old.kill()
-            old.wait()
-        if new_pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(new_pid, signal.SIGKILL)
-        assert old.stderr is not None
-        old.stderr.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)  # what the test left running
+        parent.wait()
+        assert parent.stderr is not None
+        parent.stderr.close()

@@ -37,9 +37,12 @@ def write_config(path: Path, **root: Any) -> Path:
 
 @contextlib.contextmanager
 def serving(config: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
-    """``iop-edge serve --config CONFIG``; yields it and its ``listening`` event."""
+    """``iop-edge serve --config CONFIG``, the server alone (the record holds its pid);
+    yields it and its ``listening`` event."""
     process = subprocess.Popen(
-        [IOP_EDGE, "serve", "--config", str(config)], stderr=subprocess.PIPE, text=True
+        [IOP_EDGE, "serve", "--config", str(config), "--no-parent"],
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert process.stderr is not None

@@ -21,6 +21,7 @@ import io
 import json
 import linecache
 import math
+import os
 import re
 import shlex
 import shutil
@@ -85,6 +86,8 @@ class Served:
         env: dict[str, str] | None = None,
     ) -> None:
         # ``wrap`` may put a launcher in front of the command (the socket-activation shim).
+        # A session of its own: :meth:`close` kills the whole group — the thin parent, its
+        # servers, a successor — whatever the test left running.
         self.process = subprocess.Popen(
             wrap([IOP_EDGE, "serve", "--config", str(config), *args]),
             stderr=subprocess.PIPE,
@@ -92,6 +95,7 @@ class Served:
             errors="replace",
             pass_fds=pass_fds,
             env=env,
+            start_new_session=True,
         )
         self.lines: list[str] = []
         self.changed = threading.Condition()
@@ -146,10 +150,10 @@ class Served:
         return code
 
     def close(self) -> None:
-        """Kill the process if the test left it running; release the pipe."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        """Kill what the test left running of the process's group; release the pipe."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
         self.reader.join(BOUND)
         assert self.process.stderr is not None
         self.process.stderr.close()
@@ -415,7 +419,7 @@ def test_sighup_while_the_daemon_starts_is_remembered_not_fatal(tmp_path):
     interpreter's own start, before any code of the package runs, is the one window no Python
     program can cover (:mod:`iop_edge.sighup`)."""
     config = write_config(tmp_path, doc_for())
-    with served(config) as daemon:
+    with served(config, "--no-parent") as daemon:  # (the parent's part: tests/test_parent.py)
         pid = daemon.process.pid
         deadline = time.monotonic() + STARTUP
         while not third_party_code_loaded(pid) and daemon.process.poll() is None:
@@ -440,6 +444,41 @@ def test_sighup_while_the_daemon_starts_is_remembered_not_fatal(tmp_path):
         ("signal", "applied")
     }
     assert daemon.events()[-1]["event"] == "stopped"
+
+
+def test_sigusr2_while_the_daemon_starts_is_logged_and_ignored_not_fatal(tmp_path):
+    """SIGUSR2 (a restart) while ``iop-edge serve`` imports its libraries (before issue 25 its
+    default action ended the process, exit -12): the daemon starts, logs that a restart signal
+    arrived while it was starting and that it is ignored, hands nothing over, and SIGTERM
+    exits 0. The server alone (``--no-parent``): its own early handler is under test.
+
+    Sent once a third-party extension module is mapped (see the SIGHUP test above); a start
+    so fast that ``listening`` came first is tried again, a few times."""
+    config = write_config(tmp_path, doc_for())
+    for _ in range(3):
+        with served(config, "--no-parent") as daemon:
+            pid = daemon.process.pid
+            deadline = time.monotonic() + STARTUP
+            while not third_party_code_loaded(pid) and daemon.process.poll() is None:
+                assert time.monotonic() < deadline, "the daemon never started importing"
+                time.sleep(0.0005)
+            if daemon.has_logged("listening"):
+                continue  # too late to test the start: again
+            daemon.process.send_signal(signal.SIGUSR2)
+            daemon.wait_event("listening", STARTUP)
+            ignored = daemon.wait_event("restart_signal_ignored")
+            alive = daemon.process.poll() is None
+            daemon.process.send_signal(signal.SIGTERM)
+            code = daemon.exit_code()
+            break
+    else:
+        pytest.fail("the daemon logged 'listening' before each signal could be sent")
+    assert alive, daemon.log
+    assert (ignored["signal"], ignored["phase"]) == ("SIGUSR2", "starting")
+    assert "while the daemon was starting" in ignored["message"]
+    assert "send it again" in ignored["message"]
+    assert not daemon.has_logged("handed_over")
+    assert code == 0, daemon.log
 
 
 def test_sighup_while_the_daemon_stops_is_not_fatal(tmp_path):

@@ -14,7 +14,8 @@
   its environment or a file (``<redacted>``, whatever the field). A body with any other mode
   is 400 ``invalid_request_error`` (``param: mode``); a body over :data:`MAX_CANDIDATE_BODY`
   bytes is 413.
-- ``POST /admin/restart``: hand over to a new process (:mod:`iop_edge.handover`).
+- ``POST /admin/restart``: hand over to a new process (:mod:`iop_edge.handover`); 409
+  ``daemon_stopping`` once the daemon is stopping (a stop never becomes a restart).
 
 Every request passes the same checks first (a middleware, so unknown paths too), each refusal
 a JSON error in the OpenAI envelope: no browser origin at all (an ``Origin`` header → 403
@@ -222,6 +223,12 @@ class AdminAPI:
         process serves on), as a refresh's result does."""
         assert self.restart_edge is not None
         result = await self.restart_edge()
+        if result.get("phase") == "stopping":
+            return web.Response(
+                body=envelope(result["message"], "daemon_stopping", status=409),
+                status=409,
+                content_type=_JSON,
+            )
         response = web.Response(body=orjson.dumps(result), content_type=_JSON)
         if result["result"] == "handed_over":
             response.force_close()  # the next request goes to the new process

@@ -55,9 +55,12 @@ class EdgeProcess:
 def edge_process(config: Path) -> Iterator[EdgeProcess]:
     """Run ``iop-edge serve --config config`` as an operator would; yield an
     :class:`EdgeProcess` once it logs ``listening``. On exit it gets SIGTERM and must exit 0
-    within :data:`BOUND`; afterwards :attr:`EdgeProcess.lines` holds its whole log (stderr)."""
+    within :data:`BOUND`; afterwards :attr:`EdgeProcess.lines` holds its whole log (stderr).
+    The server runs in the process started (``--no-parent``): its children are its CLI runs,
+    which the harness counts."""
+    iop_edge = str(Path(sys.executable).with_name("iop-edge"))
     process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("iop-edge")), "serve", "--config", str(config)],
+        [iop_edge, "serve", "--config", str(config), "--no-parent"],
         stderr=subprocess.PIPE,
         text=True,
         errors="replace",
