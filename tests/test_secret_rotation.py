@@ -48,7 +48,7 @@ async def test_a_restart_takes_a_rotated_env_file_key_and_file_secret_without_a_
         environment = {k: v for k, v in os.environ.items() if k != "API_KEY"}
         new_pid: list[int] = []
         with (
-            served(config, "--env-file", str(env_file), env=environment) as old,
+            served(config, "--no-parent", "--env-file", str(env_file), env=environment) as old,
             successor_stopped(new_pid),
         ):
             listening = old.wait_event("listening")
