@@ -9,7 +9,7 @@ LOCK   := requirements.lock
 # Where `make install` puts the production venv (deploy/iop-edge.service runs PREFIX/bin/iop-edge).
 PREFIX ?= /opt/iop-edge
 
-.PHONY: run test lint bench bench-check bench-baseline bench-peers setup lock install clean
+.PHONY: run test lint docs bench bench-check bench-baseline bench-peers setup lock install clean
 
 # Create the venv when missing and (re)install the project when pyproject.toml or the lock
 # changes. The runtime dependencies are installed at the lock's versions, so the tests run
@@ -62,6 +62,11 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 
+# The reference in docs/ as a site, in site/ (git-ignored). Strict (mkdocs.yml): a broken link or
+# #anchor, or a page left out of the nav, fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
@@ -91,4 +96,4 @@ bench-peers:
 		echo "note: wrk could not be installed; the proxy bench uses its Python client"
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
