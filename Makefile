@@ -33,19 +33,19 @@ lock:
 	@touch $(STAMP)
 
 # A production install: a venv at PREFIX holding iop-edge and its runtime dependencies at the
-# lock's versions (no test or lint tools), the docs, deploy/ and configs/ under
-# PREFIX/share/iop-edge. Run it again to upgrade in place.
+# lock's versions (no test or lint tools); the README, the reference (docs/), deploy/ and
+# configs/ under PREFIX/share/iop-edge. Run it again to upgrade in place.
 install:
 	$(PYTHON) -m venv --upgrade-deps $(PREFIX)
 	$(PREFIX)/bin/python -m pip install --upgrade -c $(LOCK) .
 	install -d $(PREFIX)/share/iop-edge
 	install -m 0644 README.md LICENSE CHANGELOG.md $(PREFIX)/share/iop-edge/
-	cp -R deploy configs $(PREFIX)/share/iop-edge/
+	cp -R docs deploy configs $(PREFIX)/share/iop-edge/
 	@echo "installed: $(PREFIX)/bin/iop-edge ($$($(PREFIX)/bin/iop-edge --version))"
 
-# In the foreground, as the thin parent of the server (README "The thin parent"): the process
-# stays across `iop-edge restart` (another shell: .venv/bin/iop-edge restart --config CONFIG),
-# and Ctrl-C drains the server and ends it.
+# In the foreground, as the thin parent of the server (docs/operations.md, "The thin parent"):
+# the process stays across `iop-edge restart` (another shell: .venv/bin/iop-edge restart
+# --config CONFIG), and Ctrl-C drains the server and ends it.
 run: $(STAMP)
 	$(BIN)/iop-edge serve --config $(CONFIG)
 
