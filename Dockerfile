@@ -3,8 +3,8 @@
 #   docker run -d --name iop-edge -p 8080:8080 -p 9464:9464 \
 #     -v /etc/iop-edge:/etc/iop-edge:ro --env-file /etc/iop-edge/iop-edge.env iop-edge
 # The config is read from /etc/iop-edge/edge.yaml (mount it; the image holds none). Inside a
-# container its listeners must listen on 0.0.0.0 to be reachable through -p (README "Running
-# in a container"). `docker kill -s HUP iop-edge` refreshes it; `docker stop` drains;
+# container its listeners must listen on 0.0.0.0 to be reachable through -p (docs/operations.md,
+# "Running in a container"). `docker kill -s HUP iop-edge` refreshes it; `docker stop` drains;
 # `docker exec iop-edge iop-edge restart` hands over to a new server without a gap.
 
 # --- build: the production venv, as `make install` makes it (runtime dependencies only, at
@@ -36,10 +36,11 @@ USER 10001:10001
 # openai.listen and metrics.listen of a container config (the console stays on loopback:
 # `docker exec` reaches it).
 EXPOSE 8080 9464
-# `iop-edge serve` is PID 1 itself (exec form, no shell): the thin parent of the server (README
-# "The thin parent"). It handles SIGTERM (the server drains) and SIGHUP (a refresh) from its
-# first instant and passes them on, reaps every orphan, stays across `iop-edge restart`, and
-# exits with the server's status. Give `docker stop` more than --drain-timeout (-t 45).
+# `iop-edge serve` is PID 1 itself (exec form, no shell): the thin parent of the server
+# (docs/operations.md, "The thin parent"). It handles SIGTERM (the server drains) and SIGHUP
+# (a refresh) from its first instant and passes them on, reaps every orphan, stays across
+# `iop-edge restart`, and exits with the server's status. Give `docker stop` more than
+# --drain-timeout (-t 45).
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ.get('IOP_EDGE_HEALTH_URL', 'http://127.0.0.1:8080/readyz'), timeout=4)"]

@@ -9,7 +9,7 @@ LOCK   := requirements.lock
 # Where `make install` puts the production venv (deploy/iop-edge.service runs PREFIX/bin/iop-edge).
 PREFIX ?= /opt/iop-edge
 
-.PHONY: run test lint bench bench-check bench-baseline bench-peers setup lock install clean
+.PHONY: run test lint docs bench bench-check bench-baseline bench-peers setup lock install clean
 
 # Create the venv when missing and (re)install the project when pyproject.toml or the lock
 # changes. The runtime dependencies are installed at the lock's versions, so the tests run
@@ -33,19 +33,19 @@ lock:
 	@touch $(STAMP)
 
 # A production install: a venv at PREFIX holding iop-edge and its runtime dependencies at the
-# lock's versions (no test or lint tools), the docs, deploy/ and configs/ under
-# PREFIX/share/iop-edge. Run it again to upgrade in place.
+# lock's versions (no test or lint tools); the README, the reference (docs/), deploy/ and
+# configs/ under PREFIX/share/iop-edge. Run it again to upgrade in place.
 install:
 	$(PYTHON) -m venv --upgrade-deps $(PREFIX)
 	$(PREFIX)/bin/python -m pip install --upgrade -c $(LOCK) .
 	install -d $(PREFIX)/share/iop-edge
 	install -m 0644 README.md LICENSE CHANGELOG.md $(PREFIX)/share/iop-edge/
-	cp -R deploy configs $(PREFIX)/share/iop-edge/
+	cp -R docs deploy configs $(PREFIX)/share/iop-edge/
 	@echo "installed: $(PREFIX)/bin/iop-edge ($$($(PREFIX)/bin/iop-edge --version))"
 
-# In the foreground, as the thin parent of the server (README "The thin parent"): the process
-# stays across `iop-edge restart` (another shell: .venv/bin/iop-edge restart --config CONFIG),
-# and Ctrl-C drains the server and ends it.
+# In the foreground, as the thin parent of the server (docs/operations.md, "The thin parent"):
+# the process stays across `iop-edge restart` (another shell: .venv/bin/iop-edge restart
+# --config CONFIG), and Ctrl-C drains the server and ends it.
 run: $(STAMP)
 	$(BIN)/iop-edge serve --config $(CONFIG)
 
@@ -61,6 +61,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check iop_edge tests bench tools
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
+
+# The reference in docs/ as a site, in site/ (git-ignored). Strict (mkdocs.yml): a broken link or
+# #anchor, or a page left out of the nav, fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
@@ -91,4 +96,4 @@ bench-peers:
 		echo "note: wrk could not be installed; the proxy bench uses its Python client"
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

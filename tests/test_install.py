@@ -117,7 +117,13 @@ def test_make_install_builds_a_runtime_only_venv_the_unit_file_runs(tmp_path):
     assert license_expression[0] == "Apache-2.0"
     assert Path(license_expression[1]).read_bytes() == (ROOT / "LICENSE").read_bytes()
     share = prefix / "share/iop-edge"
-    for name in ("README.md", "LICENSE", "deploy/iop-edge.service", "configs/edge.yaml"):
+    for name in (
+        "README.md",
+        "LICENSE",
+        "docs/configuration.md",
+        "deploy/iop-edge.service",
+        "configs/edge.yaml",
+    ):
         assert (share / name).is_file(), name
     valid = subprocess.run(
         [str(prefix / "bin/iop-edge"), "config", "validate", str(share / "configs/edge.yaml")],
