@@ -257,7 +257,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``iop-edge serve --config FILE``: run the daemon until SIGTERM/SIGINT."""
     from iop_edge.activation import ActivationError, inherited_sockets
     from iop_edge.daemon import Daemon
-    from iop_edge.handover import HANDOVER_FD_ENV
+    from iop_edge.handover.channel import HANDOVER_FD_ENV
 
     with sighup.early_signals() as early:  # kept from its import-time handler, never default
         try:
