@@ -14,10 +14,9 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-import os
 import signal
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -53,14 +52,12 @@ from iop_edge.listeners import (
 )
 from iop_edge.logs import Logger, RequestLineWriter, flush_logs, get_logger
 from iop_edge.metrics import EdgeMetrics
+from iop_edge.options import ServeOptions
 from iop_edge.pool import HealthEvent, ProviderKey
 from iop_edge.runtime_record import remove_record, write_record
 from iop_edge.seams import Clock
-from iop_edge.supervisor import Supervisor, SupervisorOptions, status_line
+from iop_edge.supervisor import Supervisor, status_line
 from iop_edge.systemd import Notifier
-
-DEFAULT_DRAIN_TIMEOUT = 30.0
-
 
 GC_THRESHOLDS: Final = (50_000, 20, 20)
 """The collector's thresholds in ``serve`` (Python's are 700, 10, 10). Requests free their
@@ -81,30 +78,24 @@ def cancel_reserve(drain_timeout: float) -> float:
 
 @dataclass
 class Daemon:
-    """The running edge: scheduler, adapters, listeners, supervisor, metrics, sd_notify."""
+    """The running edge: scheduler, adapters, listeners, supervisor, metrics, sd_notify.
+
+    ``config`` and ``options`` say what to run (:mod:`iop_edge.options`); the other fields
+    given are live objects the daemon uses (a test injects its clock or notifier), and those
+    built here are the running process.
+    """
 
     config: EdgeConfig
-    config_path: Path | None = None
+    options: ServeOptions = field(default_factory=ServeOptions)
     clock: Clock = field(default_factory=MonotonicClock)
     log: Logger = field(default_factory=get_logger)
     #: how request lines are written (``serve`` passes the fast JSON writer of its log setup)
     write_request_line: RequestLineWriter | None = None
-    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: systemd's notification socket; silenced once a handover passed it to the new process
     notifier: Notifier = field(default_factory=Notifier)
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
-    supervisor_options: SupervisorOptions = field(default_factory=SupervisorOptions)
-    #: watch the config file (tests turn it off); the config's ``reload.watch: false`` too
-    watch: bool = True
-    #: ``gc.freeze()`` and :data:`GC_THRESHOLDS` once started (the ``serve`` command; tests
-    #: share one process and don't)
-    freeze_gc: bool = False
     #: listening sockets passed in, by listener name (:mod:`iop_edge.activation`): used
     #: instead of binding that listener's configured address
     inherited: dict[str, socket.socket] = field(default_factory=dict)
-    #: the command that started this process: a restart runs it again
-    argv: tuple[str, ...] = ()
-    #: our end of the channel to the process we take over from (a handover), if any
-    handover_fd: int | None = None
     #: where this process is in its life (:mod:`iop_edge.lifecycle`): the daemon and its
     #: handover move it, the server reads it
     lifecycle: Lifecycle = field(default_factory=Lifecycle, init=False)
@@ -116,6 +107,7 @@ class Daemon:
     adapters: NodeAdapters = field(init=False)
     server: OpenAIServer = field(init=False)
     metrics: EdgeMetrics = field(init=False)
+    #: the reload path; ``None`` only without a config file (``options.config_path``)
     supervisor: Supervisor | None = field(init=False, default=None)
     listeners: dict[str, Listener] = field(default_factory=dict, init=False)
     stopped: asyncio.Event = field(default_factory=asyncio.Event, init=False)
@@ -124,6 +116,7 @@ class Daemon:
     _console_record: Path | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        options = self.options
         self.adapters = NodeAdapters.from_config(self.config)
         self.scheduler = AdmissionScheduler(
             pool_policy(self.config),
@@ -138,19 +131,29 @@ class Daemon:
             self.listeners,
             self.lifecycle,
             self.relay,
+            options,
             clock=self.clock,
             log=self.log,
-            argv=self.argv,
-            config_path=self.config_path,
-            env=self.env,
-            drain_timeout=self.drain_timeout,
             on_handed_over=self._handed_over,
             on_idle=self.stopped.set,
+        )
+        supervisor = self.supervisor = (
+            None
+            if options.config_path is None
+            else Supervisor(
+                options.config_path,
+                self.config,
+                apply=self.apply_config,
+                env=options.env,
+                log=self.log,
+                options=options.supervisor_options,
+                notifier=self.notifier,
+            )
         )
         self.metrics = EdgeMetrics(
             self.registry,
             self.scheduler.statistics,
-            lambda: self.supervisor,
+            lambda: supervisor,
             lambda: [listener.statistics() for listener in self.listeners.values()],
             self.handover.statistics,
             config=self.config,
@@ -166,17 +169,8 @@ class Daemon:
             lifecycle=self.lifecycle,
             relay=self.relay,
         )
-        if self.config_path is not None:
-            self.supervisor = Supervisor(
-                self.config_path,
-                self.config,
-                apply=self.apply_config,
-                env=self.env,
-                log=self.log,
-                listeners=[self.metrics.observe_refresh],
-                options=self.supervisor_options,
-                notifier=self.notifier,
-            )
+        if supervisor is not None:
+            supervisor.add_listener(self.metrics.observe_refresh)
 
     def apply_config(self, config: EdgeConfig) -> None:
         """Swap the live part of ``config`` in: scheduler policy and catalog in one loop step
@@ -295,9 +289,9 @@ class Daemon:
                 handover=self.handover.statistics,
             )
             await self._bind("console", admin.build_app(), config.console.listen, admin_limits)
-        if self.handover_fd is not None:
+        if self.options.handover_fd is not None:
             # Taking over: count the old process's leases before accepting anything.
-            await self.handover.take_over(self.handover_fd, self.listeners["openai"].url)
+            await self.handover.take_over(self.options.handover_fd, self.listeners["openai"].url)
             for listener in self.listeners.values():
                 await listener.start_serving()
         for name, unused in self.inherited.items():
@@ -310,10 +304,10 @@ class Daemon:
             unused.close()
         self.inherited.clear()
         if self.supervisor is not None:
-            self.supervisor.start(watch=self.watch and config.reload.watch)
+            self.supervisor.start(watch=self.options.watches(config))
         if self.notifier.watchdog_interval:
             self._tasks.append(asyncio.create_task(self._watchdog(self.notifier.watchdog_interval)))
-        if self.freeze_gc:
+        if self.options.freeze_gc:
             # Everything built so far lives as long as the process: move it out of the
             # collector's reach, so full collections walk only what requests allocate.
             gc.collect()
@@ -334,10 +328,11 @@ class Daemon:
     def _record_console(self) -> None:
         """Tell the command line where this daemon's admin API is (never fatal)."""
         console = self.listeners.get("console")
-        if console is None or self.config_path is None:
+        config_path = self.options.config_path
+        if console is None or config_path is None:
             return
         try:
-            self._console_record = write_record(self.config_path, console.url, self.env)
+            self._console_record = write_record(config_path, console.url, self.options.env)
         except OSError as exc:
             self.log.warning(
                 "console_not_recorded",
@@ -358,7 +353,8 @@ class Daemon:
             clock=self.clock,
             log=self.log,
             sock=sock,
-            serve=self.handover_fd is None,  # a successor accepts once it counted old's leases
+            # a successor accepts once it counted old's leases
+            serve=self.options.handover_fd is None,
         )
         if sock is not None:
             self.log.info(
@@ -379,8 +375,9 @@ class Daemon:
         show it) and close once the OpenAI listener is done.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.drain_timeout
-        cut_at = deadline - cancel_reserve(self.drain_timeout)
+        drain_timeout = self.options.drain_timeout
+        deadline = loop.time() + drain_timeout
+        cut_at = deadline - cancel_reserve(drain_timeout)
         if self.lifecycle.enter(Phase.STOPPING) is Phase.HANDING_OVER:
             self.handover.cancel()
         self.notifier.stopping()
@@ -392,7 +389,7 @@ class Daemon:
             "draining",
             in_flight=stats.in_flight,
             queued=stats.queue_depth,
-            timeout_s=self.drain_timeout,
+            timeout_s=drain_timeout,
         )
         if self.supervisor is not None:
             with contextlib.suppress(TimeoutError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -392,7 +393,9 @@ async def test_a_new_process_that_cannot_be_run_or_exits_at_once_leaves_this_one
         async with edge_on(tmp_path, doc, argv=missing) as edge:
             daemon = edge.daemon
             not_run = (await daemon.handover.restart()).to_json()
-            daemon.handover.argv = (IOP_EDGE, "serve", "--no-such-option")  # exits 2 (usage)
+            daemon.handover.options = dataclasses.replace(  # exits 2 (usage)
+                daemon.handover.options, argv=(IOP_EDGE, "serve", "--no-such-option")
+            )
             exits = (await daemon.handover.restart()).to_json()
             answer = await serves(daemon.listeners["openai"].url)
             metrics = await edge.metrics()
@@ -418,7 +421,9 @@ async def test_a_restart_is_refused_while_one_runs_or_without_a_command(tmp_path
             await asyncio.sleep(0)  # (it is running: it waits for the new process)
             second = (await edge.daemon.handover.restart()).to_json()
             first_result = (await first).to_json()
-            edge.daemon.handover.argv = ()
+            edge.daemon.handover.options = dataclasses.replace(
+                edge.daemon.handover.options, argv=()
+            )
             without = (await edge.daemon.handover.restart()).to_json()
             answer = await serves(edge.daemon.listeners["openai"].url)
     assert second == {

@@ -22,7 +22,6 @@ import os
 import socket
 import subprocess
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Final
 
 from iop_edge.activation import LISTENER_NAMES, activation_argv, activation_env
@@ -50,6 +49,7 @@ from iop_edge.handover.result import (
 from iop_edge.lifecycle import Lifecycle, Phase
 from iop_edge.listeners import Listener
 from iop_edge.logs import Logger
+from iop_edge.options import ServeOptions
 from iop_edge.seams import Clock
 
 __all__ = ["HANDOVER_IDLE_GRACE", "HandoverCoordinator"]
@@ -74,13 +74,10 @@ class HandoverCoordinator:
         listeners: Mapping[str, Listener],
         lifecycle: Lifecycle,
         relay: HandoverRelay,
+        options: ServeOptions,
         *,
         clock: Clock,
         log: Logger,
-        argv: tuple[str, ...],
-        config_path: Path | None,
-        env: Mapping[str, str],
-        drain_timeout: float,
         on_handed_over: Callable[[int], None],
         on_idle: Callable[[], None],
     ) -> None:
@@ -91,11 +88,8 @@ class HandoverCoordinator:
         self.relay = relay
         self.clock = clock
         self.log = log
-        #: the command that started this process: a restart runs it again
-        self.argv = argv
-        self.config_path = config_path
-        self.env = env
-        self.drain_timeout = drain_timeout
+        #: the command, config file and environment a restart runs again, the drain timeout
+        self.options = options
         self._on_handed_over = on_handed_over
         self._on_idle = on_idle
         #: the process that took over from us, once a handover succeeded
@@ -164,7 +158,8 @@ class HandoverCoordinator:
         refusal = self.lifecycle.restart_refusal()
         if refusal is not None:
             return RestartRefused(refusal, phase=self.lifecycle.phase)
-        if not self.argv or self.config_path is None:
+        argv, config_path = self.options.argv, self.options.config_path
+        if not argv or config_path is None:
             return RestartRefused("this process has no command to restart")
         if os.getpid() == 1:  # a container's init (--no-parent): the container ends with it
             return RestartRefused(
@@ -174,7 +169,7 @@ class HandoverCoordinator:
                 "(SIGTERM drains it)"
             )
         try:
-            candidate = load_config_file(str(self.config_path), self.env)
+            candidate = load_config_file(str(config_path), self.options.env)
         except ConfigError as exc:
             return RestartRefused(
                 "the config file does not load; nothing was restarted", errors=tuple(exc.problems)
@@ -200,14 +195,14 @@ class HandoverCoordinator:
         ]
         fds = [self.listeners[name].fileno for name in names]
         ours, theirs = socket.socketpair()
-        env = activation_env(fds, self.env)
+        env = activation_env(fds, self.options.env)
         env[HANDOVER_FD_ENV] = str(theirs.fileno())
         started = self.clock.now()
         try:
             # (not an asyncio subprocess: this process must be free to exit while the new
             # one runs on; the kernel reaps nothing it waits for)
             process = subprocess.Popen(
-                activation_argv(self.argv, names), pass_fds=(*fds, theirs.fileno()), env=env
+                activation_argv(self.options.argv, names), pass_fds=(*fds, theirs.fileno()), env=env
             )
         except OSError as exc:
             ours.close()
@@ -310,7 +305,7 @@ class HandoverCoordinator:
         answer closing its connection), so idle ones stay open until this process has no
         request in flight or being relayed, and a moment more; then the drain closes them."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.drain_timeout
+        deadline = loop.time() + self.options.drain_timeout
         quiet_since: float | None = None
         while loop.time() < deadline:
             busy = self.scheduler.statistics().in_flight or self.relay.relaying
@@ -338,7 +333,7 @@ class HandoverCoordinator:
                 "drain_timeout",
                 listener=listener.name,
                 cut=cut,
-                timeout_s=self.drain_timeout,
+                timeout_s=self.options.drain_timeout,
                 message=f"cancelled {cut} connection(s) still busy when the drain ran out",
             )
             await listener.drain(deadline)
