@@ -257,7 +257,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``iop-edge serve --config FILE``: run the daemon until SIGTERM/SIGINT."""
     from iop_edge.activation import ActivationError, inherited_sockets
     from iop_edge.daemon import Daemon
-    from iop_edge.handover import HANDOVER_FD_ENV
+    from iop_edge.handover.channel import HANDOVER_FD_ENV
+    from iop_edge.options import ServeOptions
 
     with sighup.early_signals() as early:  # kept from its import-time handler, never default
         try:
@@ -283,17 +284,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from iop_edge.logs import configure_logging, get_logger
 
         logs = configure_logging(config.logging.level, config.logging.format)
-        daemon = Daemon(
-            config,
-            log=(log := get_logger()),
-            write_request_line=logs.request_line_writer(log),
+        options = ServeOptions(
             config_path=Path(args.config),
+            env=env,
             drain_timeout=args.drain_timeout,
             freeze_gc=True,
-            inherited=inherited,
             argv=tuple(_own_command()),
             handover_fd=int(handover) if handover else None,
-            env=env,
+        )
+        daemon = Daemon(
+            config,
+            options,
+            log=(log := get_logger()),
+            write_request_line=logs.request_line_writer(log),
+            inherited=inherited,
         )
         import uvloop
 

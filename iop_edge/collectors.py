@@ -18,7 +18,7 @@ from iop_edge.config.policy import ROUTE_UNBOUNDED, route_group, route_provider
 from iop_edge.pool import PoolStatistics
 
 if TYPE_CHECKING:
-    from iop_edge.handover import HandoverStatistics
+    from iop_edge.handover.channel import HandoverStatistics
     from iop_edge.listeners import ListenerStatistics
     from iop_edge.supervisor import Supervisor
 

@@ -14,15 +14,12 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-import os
-import secrets
 import signal
 import socket
-import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -30,7 +27,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from iop_edge import sighup
-from iop_edge.activation import LISTENER_NAMES, activation_argv, activation_env
 from iop_edge.adapters.cli_process import KILL_GRACE_SECONDS
 from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, MonotonicClock
@@ -41,17 +37,11 @@ from iop_edge.api.server import OpenAIServer
 from iop_edge.config.policy import pool_policy
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
-from iop_edge.config_file import load_config_file
 from iop_edge.envelope import envelope
-from iop_edge.errors import ConfigError, RequestError
-from iop_edge.handover import (
-    HANDOVER_FD_ENV,
-    Channel,
-    DrainTally,
-    HandoverStatistics,
-    Predecessor,
-    Successor,
-)
+from iop_edge.errors import RequestError
+from iop_edge.handover.coordinator import HandoverCoordinator
+from iop_edge.handover.relay import HandoverRelay
+from iop_edge.handover.result import HandedOver
 from iop_edge.lifecycle import Lifecycle, Phase
 from iop_edge.listeners import (
     ADMIN_MAX_CONNECTIONS,
@@ -62,19 +52,12 @@ from iop_edge.listeners import (
 )
 from iop_edge.logs import Logger, RequestLineWriter, flush_logs, get_logger
 from iop_edge.metrics import EdgeMetrics
+from iop_edge.options import ServeOptions
 from iop_edge.pool import HealthEvent, ProviderKey
 from iop_edge.runtime_record import remove_record, write_record
 from iop_edge.seams import Clock
-from iop_edge.supervisor import Supervisor, SupervisorOptions, status_line
+from iop_edge.supervisor import Supervisor, status_line
 from iop_edge.systemd import Notifier
-
-DEFAULT_DRAIN_TIMEOUT = 30.0
-
-
-HANDOVER_IDLE_GRACE = 2.0
-"""Seconds an old process keeps its idle kept-alive connections after a handover, so that a
-request a client sends on one is relayed instead of meeting a closed connection."""
-
 
 GC_THRESHOLDS: Final = (50_000, 20, 20)
 """The collector's thresholds in ``serve`` (Python's are 700, 10, 10). Requests free their
@@ -95,51 +78,45 @@ def cancel_reserve(drain_timeout: float) -> float:
 
 @dataclass
 class Daemon:
-    """The running edge: scheduler, adapters, listeners, supervisor, metrics, sd_notify."""
+    """The running edge: scheduler, adapters, listeners, supervisor, metrics, sd_notify.
+
+    ``config`` and ``options`` say what to run (:mod:`iop_edge.options`); the other fields
+    given are live objects the daemon uses (a test injects its clock or notifier), and those
+    built here are the running process.
+    """
 
     config: EdgeConfig
-    config_path: Path | None = None
+    options: ServeOptions = field(default_factory=ServeOptions)
     clock: Clock = field(default_factory=MonotonicClock)
     log: Logger = field(default_factory=get_logger)
     #: how request lines are written (``serve`` passes the fast JSON writer of its log setup)
     write_request_line: RequestLineWriter | None = None
-    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: systemd's notification socket; silenced once a handover passed it to the new process
     notifier: Notifier = field(default_factory=Notifier)
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
-    supervisor_options: SupervisorOptions = field(default_factory=SupervisorOptions)
-    #: watch the config file (tests turn it off); the config's ``reload.watch: false`` too
-    watch: bool = True
-    #: ``gc.freeze()`` and :data:`GC_THRESHOLDS` once started (the ``serve`` command; tests
-    #: share one process and don't)
-    freeze_gc: bool = False
     #: listening sockets passed in, by listener name (:mod:`iop_edge.activation`): used
     #: instead of binding that listener's configured address
     inherited: dict[str, socket.socket] = field(default_factory=dict)
-    #: the command that started this process: a handover (:meth:`restart`) runs it again
-    argv: tuple[str, ...] = ()
-    #: our end of the channel to the process we take over from (a handover), if any
-    handover_fd: int | None = None
-    #: the process that took over from us, once a handover succeeded
-    successor_pid: int | None = field(default=None, init=False)
-    #: where this process is in its life (:mod:`iop_edge.lifecycle`); only the daemon moves it
+    #: where this process is in its life (:mod:`iop_edge.lifecycle`): the daemon and its
+    #: handover move it, the server reads it
     lifecycle: Lifecycle = field(default_factory=Lifecycle, init=False)
+    #: the handover, either side of it (:mod:`iop_edge.handover`), and its relay
+    handover: HandoverCoordinator = field(init=False)
+    relay: HandoverRelay = field(init=False)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     scheduler: AdmissionScheduler = field(init=False)
     adapters: NodeAdapters = field(init=False)
     server: OpenAIServer = field(init=False)
     metrics: EdgeMetrics = field(init=False)
+    #: the reload path; ``None`` only without a config file (``options.config_path``)
     supervisor: Supervisor | None = field(init=False, default=None)
     listeners: dict[str, Listener] = field(default_factory=dict, init=False)
     stopped: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, init=False)
-    _predecessor: Predecessor | None = field(default=None, init=False)
-    _successor: Successor | None = field(default=None, init=False)
-    #: after we handed over: what we finish, relay or cut (logged as we exit)
-    _drained: DrainTally | None = field(default=None, init=False)
     #: where the console's address is recorded for the command line (:mod:`runtime_record`)
     _console_record: Path | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        options = self.options
         self.adapters = NodeAdapters.from_config(self.config)
         self.scheduler = AdmissionScheduler(
             pool_policy(self.config),
@@ -147,12 +124,38 @@ class Daemon:
             prober=self.adapters.probe,
             on_health=self._log_health,
         )
+        self.relay = HandoverRelay(self.clock)
+        self.handover = HandoverCoordinator(
+            self.config,
+            self.scheduler,
+            self.listeners,
+            self.lifecycle,
+            self.relay,
+            options,
+            clock=self.clock,
+            log=self.log,
+            on_handed_over=self._handed_over,
+            on_idle=self.stopped.set,
+        )
+        supervisor = self.supervisor = (
+            None
+            if options.config_path is None
+            else Supervisor(
+                options.config_path,
+                self.config,
+                apply=self.apply_config,
+                env=options.env,
+                log=self.log,
+                options=options.supervisor_options,
+                notifier=self.notifier,
+            )
+        )
         self.metrics = EdgeMetrics(
             self.registry,
             self.scheduler.statistics,
-            lambda: self.supervisor,
+            lambda: supervisor,
             lambda: [listener.statistics() for listener in self.listeners.values()],
-            self.handover_statistics,
+            self.handover.statistics,
             config=self.config,
         )
         self.server = OpenAIServer(
@@ -162,19 +165,12 @@ class Daemon:
             clock=self.clock,
             logger=self.log,
             write_request_line=self.write_request_line,
-            observers=[self.metrics.observe_request],
+            observers=[self.metrics.observe_request, self.handover.observe],
+            lifecycle=self.lifecycle,
+            relay=self.relay,
         )
-        if self.config_path is not None:
-            self.supervisor = Supervisor(
-                self.config_path,
-                self.config,
-                apply=self.apply_config,
-                env=self.env,
-                log=self.log,
-                listeners=[self.metrics.observe_refresh],
-                options=self.supervisor_options,
-                notifier=self.notifier,
-            )
+        if supervisor is not None:
+            supervisor.add_listener(self.metrics.observe_refresh)
 
     def apply_config(self, config: EdgeConfig) -> None:
         """Swap the live part of ``config`` in: scheduler policy and catalog in one loop step
@@ -281,7 +277,6 @@ class Daemon:
             limits, max_connections=ADMIN_MAX_CONNECTIONS, evict_idle=True
         )
         await self._bind("openai", self.server.build_app(), config.openai.listen, limits)
-        predecessor = None
         if config.metrics.enabled:
             await self._bind("metrics", self._metrics_app(), config.metrics.listen, admin_limits)
         if config.console.enabled and self.supervisor is not None:
@@ -290,17 +285,13 @@ class Daemon:
                 self.supervisor,
                 self.scheduler,
                 clock=self.clock,
-                restart=self.restart,
-                handover=self.handover_statistics,
+                restart=self.handover.restart,
+                handover=self.handover.statistics,
             )
             await self._bind("console", admin.build_app(), config.console.listen, admin_limits)
-        if self.handover_fd is not None:
+        if self.options.handover_fd is not None:
             # Taking over: count the old process's leases before accepting anything.
-            predecessor = await Predecessor.connect(self.handover_fd, self.scheduler, self.clock)
-            self.server.handover_secret = secrets.token_urlsafe(24)
-            await predecessor.take_over(
-                os.getpid(), self.listeners["openai"].url, self.server.handover_secret
-            )
+            await self.handover.take_over(self.options.handover_fd, self.listeners["openai"].url)
             for listener in self.listeners.values():
                 await listener.start_serving()
         for name, unused in self.inherited.items():
@@ -313,28 +304,19 @@ class Daemon:
             unused.close()
         self.inherited.clear()
         if self.supervisor is not None:
-            self.supervisor.start(watch=self.watch and config.reload.watch)
+            self.supervisor.start(watch=self.options.watches(config))
         if self.notifier.watchdog_interval:
             self._tasks.append(asyncio.create_task(self._watchdog(self.notifier.watchdog_interval)))
-        if self.freeze_gc:
+        if self.options.freeze_gc:
             # Everything built so far lives as long as the process: move it out of the
             # collector's reach, so full collections walk only what requests allocate.
             gc.collect()
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
-        self.server.ready = True
         self.scheduler.start()  # idle providers are probed from now on
         self.lifecycle.enter(Phase.READY)
         self.notifier.ready(status_line(self.supervisor) if self.supervisor else "serving")
-        if predecessor is not None:
-            predecessor.serving()
-            self._predecessor = predecessor
-            self.log.info(
-                "handover_taken",
-                from_pid=predecessor.pid,
-                inherited_leases=predecessor.inherited,
-                duration_ms=round(predecessor.duration * 1000, 1),
-            )
+        self.handover.serving()
         self._record_console()
         self.log.info(
             "listening",
@@ -346,10 +328,11 @@ class Daemon:
     def _record_console(self) -> None:
         """Tell the command line where this daemon's admin API is (never fatal)."""
         console = self.listeners.get("console")
-        if console is None or self.config_path is None:
+        config_path = self.options.config_path
+        if console is None or config_path is None:
             return
         try:
-            self._console_record = write_record(self.config_path, console.url, self.env)
+            self._console_record = write_record(config_path, console.url, self.options.env)
         except OSError as exc:
             self.log.warning(
                 "console_not_recorded",
@@ -370,7 +353,8 @@ class Daemon:
             clock=self.clock,
             log=self.log,
             sock=sock,
-            serve=self.handover_fd is None,  # a successor accepts once it counted old's leases
+            # a successor accepts once it counted old's leases
+            serve=self.options.handover_fd is None,
         )
         if sock is not None:
             self.log.info(
@@ -391,12 +375,12 @@ class Daemon:
         show it) and close once the OpenAI listener is done.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.drain_timeout
-        cut_at = deadline - cancel_reserve(self.drain_timeout)
+        drain_timeout = self.options.drain_timeout
+        deadline = loop.time() + drain_timeout
+        cut_at = deadline - cancel_reserve(drain_timeout)
         if self.lifecycle.enter(Phase.STOPPING) is Phase.HANDING_OVER:
-            self._cancel_handover()
+            self.handover.cancel()
         self.notifier.stopping()
-        self.server.ready = False
         openai = self.listeners.pop("openai", None)
         if openai is not None:
             openai.stop_accepting()
@@ -405,43 +389,30 @@ class Daemon:
             "draining",
             in_flight=stats.in_flight,
             queued=stats.queue_depth,
-            timeout_s=self.drain_timeout,
+            timeout_s=drain_timeout,
         )
         if self.supervisor is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(cut_at):
                     await self.supervisor.stop()
         if openai is not None:
-            await self._drain(openai, cut_at, deadline)
+            await self.handover.drain(openai, cut_at, deadline)
         for listener in self.listeners.values():
             listener.stop_accepting()
         for listener in self.listeners.values():
-            await self._drain(listener, deadline, deadline)
+            await self.handover.drain(listener, deadline, deadline)
         self.listeners.clear()
         # CLI process groups cancelled at the cut get SIGTERM, and SIGKILL after the grace if
         # they linger: waiting for that may pass the deadline when the drain is shorter than
         # four graces, never by more than one.
         await self.scheduler.aclose()
-        await self.server.aclose()
+        await self.relay.aclose()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(max(deadline, loop.time() + KILL_GRACE_SECONDS + 0.5)):
                 await self.adapters.aclose()
         for task in self._tasks:  # the watchdog pings until the very end
             task.cancel()
-        if self._predecessor is not None:
-            await self._predecessor.aclose()
-        if self._successor is not None:
-            self._successor.channel.close()  # the new process stops counting our leases
-        if self._drained is not None:
-            drained = self._drained
-            self.log.info(
-                "handover_drained",
-                pid=self.successor_pid,
-                message=f"after handing over: {drained.finished} request(s) finished here "
-                f"({drained.finished_streams} stream(s)), {drained.relayed} relayed to the new "
-                f"process, {drained.cut} cut ({drained.cut_streams} stream(s))",
-                **dataclasses.asdict(drained),
-            )
+        await self.handover.aclose()
         if self._console_record is not None:
             with contextlib.suppress(OSError):
                 remove_record(self._console_record)
@@ -450,222 +421,12 @@ class Daemon:
         self.notifier.close()
         flush_logs()
 
-    def handover_statistics(self) -> HandoverStatistics | None:
-        """The handover this process took over by, if any."""
-        predecessor = self._predecessor
-        if predecessor is None:
-            return None
-        return HandoverStatistics(
-            from_pid=predecessor.pid,
-            at=predecessor.serving_since,
-            duration=predecessor.duration,
-            inherited_leases=predecessor.inherited,
-            inherited_held=predecessor.held,
-            relayed_requests=self.server.relayed_in,
-            old_running=predecessor.old_running,
-        )
-
-    async def restart(self, ready_timeout: float = 60.0) -> dict[str, Any]:
-        """Hand the listening sockets and the pool over to a new process running the same
-        command (``iop-edge restart``, ``SIGUSR2``; issue 14, :mod:`iop_edge.handover`).
-
-        Only a ready process restarts: while it starts, hands over, drains after a handover or
-        stops, the answer is ``rejected`` with its ``phase`` (:mod:`iop_edge.lifecycle`; a stop
-        never becomes a restart). The config file is validated first: if it does not load,
-        nothing happens and the answer lists its problems. If the new process fails to start
-        or to become ready, it is stopped and this one keeps serving. Once it is ready, this
-        process stops accepting, reports its leases, tells systemd (or the thin parent,
-        :mod:`iop_edge.parent`) the new main pid, and drains (``stopped`` is set).
-        """
-        refusal = self.lifecycle.restart_refusal()
-        if refusal is not None:
-            return {"result": "rejected", "phase": self.lifecycle.phase.value, "message": refusal}
-        if not self.argv or self.config_path is None:
-            return {"result": "rejected", "message": "this process has no command to restart"}
-        if os.getpid() == 1:  # a container's init (--no-parent): the container ends with it
-            return {
-                "result": "rejected",
-                "message": "this process is PID 1 (a container's init, started with "
-                "--no-parent): the container would stop with it; run iop-edge serve without "
-                "--no-parent (its thin parent stays PID 1 across restarts), or restart the "
-                "container instead (SIGTERM drains it)",
-            }
-        try:
-            candidate = load_config_file(str(self.config_path), self.env)
-        except ConfigError as exc:
-            return {
-                "result": "rejected",
-                "message": "the config file does not load; nothing was restarted",
-                "errors": [{"path": p.path, "message": p.message} for p in exc.problems],
-            }
-        self.lifecycle.enter(Phase.HANDING_OVER)
-        try:
-            return await self._hand_over(candidate, ready_timeout)
-        finally:
-            if self.lifecycle.phase is Phase.HANDING_OVER:  # it failed: serve on
-                self.lifecycle.enter(Phase.READY)
-
-    async def _hand_over(self, candidate: EdgeConfig, ready_timeout: float) -> dict[str, Any]:
-        # Pass the sockets whose address the new config keeps; a changed listen is bound anew.
-        addresses = {
-            "openai": (self.config.openai.listen, candidate.openai.listen),
-            "metrics": (self.config.metrics.listen, candidate.metrics.listen),
-            "console": (self.config.console.listen, candidate.console.listen),
-        }
-        names = [
-            name
-            for name in LISTENER_NAMES
-            if name in self.listeners and addresses[name][0] == addresses[name][1]
-        ]
-        fds = [self.listeners[name].fileno for name in names]
-        ours, theirs = socket.socketpair()
-        env = activation_env(fds, self.env)
-        env[HANDOVER_FD_ENV] = str(theirs.fileno())
-        started = self.clock.now()
-        try:
-            # (not an asyncio subprocess: this process must be free to exit while the new
-            # one runs on; the kernel reaps nothing it waits for)
-            process = subprocess.Popen(
-                activation_argv(self.argv, names), pass_fds=(*fds, theirs.fileno()), env=env
-            )
-        except OSError as exc:
-            ours.close()
-            return {"result": "failed", "message": f"the new process did not start: {exc}"}
-        finally:
-            theirs.close()
-        self._successor = successor = Successor(process, await Channel.open(ours))
-        # A stop from here on aborts the handover (:meth:`_cancel_handover`).
-        ready = not self.lifecycle.stopping and await successor.wait_ready(ready_timeout)
-        if self.lifecycle.stopping:
-            return await self._handover_cancelled(successor)
-        if not ready:
-            self._successor = None
-            if process.poll() is None:
-                process.kill()
-            code = await asyncio.to_thread(process.wait)
-            successor.channel.close()
-            self.log.warning(
-                "handover_failed",
-                exit_code=code,
-                message="the new process did not become ready; this one keeps serving",
-            )
-            return {
-                "result": "failed",
-                "message": f"the new process did not become ready (exit code {code}); this "
-                "one keeps serving",
-            }
-        # New is ready and waits for our leases: stop accepting (connections wait in the
-        # kernel's backlog), report what we hold and every release from now on.
-        self.server.ready = False
-        for name, listener in self.listeners.items():
-            if name == "openai":
-                listener.stop_listening()  # (what comes on kept-alive connections is relayed)
-            else:  # the admin and metrics answer from new: close the idle connections here
-                listener.stop_accepting()
-        successor.hand_over(self.scheduler, self.clock.now() - started)
-        # What waits here, and what arrives on kept-alive connections from now on, goes to
-        # the new process, keeping its age (its place and deadline there).
-        self.server.successor = successor.openai_url
-        self.server.handover_secret = successor.secret
-        self._drained = drained = DrainTally()
-        self.server.observers.append(drained.observe)
-        at_handover = self.scheduler.statistics()  # (before the queue goes to new)
-        self.scheduler.hand_over()
-        if not await successor.wait_serving(ready_timeout):
-            # Past the point of return (this process stopped listening): say so, go on.
-            self.log.warning(
-                "handover_unconfirmed",
-                pid=successor.pid,
-                message="the new process did not say it accepts connections; check it",
-            )
-        assert successor.pid is not None
-        self.successor_pid = successor.pid
-        self.notifier.notify(f"MAINPID={successor.pid}")
+    def _handed_over(self, pid: int) -> None:
+        """The new process of a handover serves: it is systemd's (or the thin parent's) main
+        process from now on, and speaks to it; this one falls silent."""
+        self.notifier.notify(f"MAINPID={pid}")
         self.notifier.close()
-        self.notifier = Notifier({})  # the new process speaks to systemd from now on
-        self.log.info(
-            "handed_over",
-            pid=successor.pid,
-            in_flight=at_handover.in_flight,
-            relayed_queued=at_handover.queue_depth,
-            duration_ms=round((self.clock.now() - started) * 1000, 1),
-        )
-        if not self.lifecycle.stopping:  # (a stop now drains anyway; new was told to stop)
-            self.lifecycle.enter(Phase.DRAINING)
-            self._tasks.append(asyncio.create_task(self._stop_when_idle()))
-        return {"result": "handed_over", "pid": successor.pid}
-
-    def _cancel_handover(self) -> None:
-        """A stop began during a handover: the new process must not serve on after this one
-        (issue 25). Not yet handed the leases, it is killed; handed them, it is sent SIGTERM
-        and drains too. (A process not started yet sees the stop in :meth:`_hand_over`.)"""
-        successor = self._successor
-        if successor is None:
-            return
-        outcome = successor.abort()
-        if outcome is None:  # (aborted before)
-            return
-        self.log.warning(
-            "handover_cancelled",
-            pid=successor.process.pid,
-            new_process=outcome,
-            message={
-                "killed": "the daemon is stopping: the new process, which served nothing yet, "
-                "was killed",
-                "stopped": "the daemon is stopping: the new process had taken over and was "
-                "sent SIGTERM; it drains too",
-                "exited": "the daemon is stopping; the new process had exited",
-            }[outcome],
-        )
-
-    async def _handover_cancelled(self, successor: Successor) -> dict[str, Any]:
-        """The answer of a restart a stop cancelled, once the new process is gone."""
-        self._cancel_handover()  # (done already unless the stop began as it was started)
-        code = await asyncio.to_thread(successor.process.wait)
-        successor.channel.close()
-        return {
-            "result": "rejected",
-            "phase": Phase.STOPPING.value,
-            "message": "the daemon began to stop during the handover: the new process was "
-            f"stopped (exit code {code}) and nothing was restarted",
-        }
-
-    async def _stop_when_idle(self) -> None:
-        """After a handover: kept-alive connections may still carry requests (relayed, each
-        answer closing its connection), so idle ones stay open until this process has no
-        request in flight or being relayed, and a moment more; then the drain closes them."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.drain_timeout
-        quiet_since: float | None = None
-        while loop.time() < deadline:
-            busy = self.scheduler.statistics().in_flight or self.server.relaying
-            now = loop.time()
-            if busy:
-                quiet_since = None
-            elif quiet_since is None:
-                quiet_since = now
-            elif now - quiet_since >= HANDOVER_IDLE_GRACE:
-                break
-            await asyncio.sleep(0.05)
-        self.stopped.set()
-
-    async def _drain(self, listener: Listener, cut_at: float, deadline: float) -> None:
-        """Let ``listener``'s requests finish until ``cut_at``; then cut what is left and wait
-        for it to unwind until ``deadline``; release the listener."""
-        listener.stop_accepting()
-        if not await listener.drain(cut_at):
-            if listener.name == "openai":
-                self.server.cutting = True  # the cut requests log 503 drain_timeout
-            cut = listener.cut()
-            self.log.warning(
-                "drain_timeout",
-                listener=listener.name,
-                cut=cut,
-                timeout_s=self.drain_timeout,
-                message=f"cancelled {cut} connection(s) still busy when the drain ran out",
-            )
-            await listener.drain(deadline)
-        await listener.close()
+        self.notifier = Notifier({})
 
     async def run(self, *, early_signals: Sequence[int] = ()) -> int:
         """Serve until SIGTERM or SIGINT, then drain and stop; returns the exit code.
@@ -718,9 +479,9 @@ class Daemon:
             return
 
         async def restart() -> None:
-            result = await self.restart()
-            if result["result"] != "handed_over":
-                self.log.warning("restart_refused", **result)
+            result = await self.handover.restart()
+            if not isinstance(result, HandedOver):
+                self.log.warning("restart_refused", **result.to_json())
 
         self._tasks.append(asyncio.create_task(restart()))
 

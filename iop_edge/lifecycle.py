@@ -1,7 +1,9 @@
 """The lifecycle phase of a running ``iop-edge serve`` process (issue 25).
 
-One object holds the phase; the daemon is its only writer, and the parts that decide by it
-(a restart asked over the admin API or by ``SIGUSR2``, the stop) read it. Its moves::
+One object holds the phase. The daemon moves it through starting, ready and stopping, its
+handover coordinator (:mod:`iop_edge.handover.coordinator`) through handing over and draining;
+the parts that decide by it read it: a restart asked over the admin API or by ``SIGUSR2``, the
+stop, and the OpenAI surface's ``/readyz``. Its moves::
 
     starting ──► ready ──► handing_over ──► draining
         │          │  ◄──────┘  │               │

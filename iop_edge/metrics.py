@@ -42,7 +42,7 @@ from iop_edge.pool import PoolStatistics
 if TYPE_CHECKING:
     from iop_edge.api.record import RequestRecord
     from iop_edge.config.schema import EdgeConfig
-    from iop_edge.handover import HandoverStatistics
+    from iop_edge.handover.channel import HandoverStatistics
     from iop_edge.listeners import ListenerStatistics
     from iop_edge.supervisor import RefreshRecord, Supervisor
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -24,7 +25,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from iop_edge.config import parse_config
+from iop_edge.config.schema import EdgeConfig
 from iop_edge.daemon import Daemon
+from iop_edge.options import ServeOptions
 from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.testing.leaks import BOUND, child_pids, leaks, process_gone, settled, wait_for
@@ -177,11 +180,20 @@ class Edge:
         }
 
 
+def new_daemon(config: EdgeConfig, **fields: Any) -> Daemon:
+    """A daemon on ``config``; each of ``fields`` is a :class:`ServeOptions` field
+    (``config_path``, ``watch``, ``argv`` ...) or one of the live objects the daemon is given
+    (``clock``, ``notifier`` ...)."""
+    names = {f.name for f in dataclasses.fields(ServeOptions)}
+    options = ServeOptions(**{k: v for k, v in fields.items() if k in names})
+    return Daemon(config, options, **{k: v for k, v in fields.items() if k not in names})
+
+
 @contextlib.asynccontextmanager
 async def edge_on(tmp_path: Path, doc: dict[str, Any], **options: Any) -> AsyncIterator[Edge]:
     path = tmp_path / "edge.yaml"
     path.write_text(dump(doc))
-    daemon = Daemon(
+    daemon = new_daemon(
         parse_config(yaml.safe_load(path.read_text())),
         config_path=path,
         supervisor_options=SupervisorOptions(debounce=0.05, settle=0.3, poll_interval=3600),

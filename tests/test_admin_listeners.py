@@ -33,6 +33,7 @@ from iop_edge.config import parse_config
 from iop_edge.config.refresh import refresh
 from iop_edge.daemon import Daemon
 from iop_edge.listeners import ADMIN_MAX_CONNECTIONS, Listener
+from iop_edge.options import ServeOptions
 from iop_edge.supervisor import SupervisorOptions
 from iop_edge.testing.clock import FakeClock
 from tests.helpers import wait_for
@@ -69,10 +70,12 @@ async def running(
     path.write_text(yaml.safe_dump(doc))
     daemon = Daemon(
         parse_config(doc),
-        config_path=path,
+        ServeOptions(
+            config_path=path,
+            watch=False,
+            supervisor_options=SupervisorOptions(poll_interval=3600, **options),
+        ),
         clock=clock or MonotonicClock(),
-        watch=False,
-        supervisor_options=SupervisorOptions(poll_interval=3600, **options),
     )
     await daemon.start()
     try:

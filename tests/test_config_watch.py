@@ -30,6 +30,7 @@ from iop_edge.config.refresh import refresh
 from iop_edge.config_watch import watched_names
 from iop_edge.daemon import Daemon
 from iop_edge.logs import flush_logs
+from iop_edge.options import ServeOptions
 from iop_edge.supervisor import SupervisorOptions
 from tests.helpers import Edge, doc_for, dump, rename_save, wait_for
 
@@ -87,8 +88,10 @@ async def watched(
     options = {"settle": 0.0, "settle_limit": LIMIT, "poll_interval": 3600, **options}
     daemon = Daemon(
         parse_config(doc),
-        config_path=path,
-        supervisor_options=SupervisorOptions(sleep=sleep or BoundSleep(), **options),
+        ServeOptions(
+            config_path=path,
+            supervisor_options=SupervisorOptions(sleep=sleep or BoundSleep(), **options),
+        ),
     )
     await daemon.start()
     try:

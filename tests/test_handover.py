@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -391,12 +392,14 @@ async def test_a_new_process_that_cannot_be_run_or_exits_at_once_leaves_this_one
         missing = (str(tmp_path / "no-such-program"), "serve")
         async with edge_on(tmp_path, doc, argv=missing) as edge:
             daemon = edge.daemon
-            not_run = await daemon.restart()
-            daemon.argv = (IOP_EDGE, "serve", "--no-such-option")  # exits 2 (usage)
-            exits = await daemon.restart()
+            not_run = (await daemon.handover.restart()).to_json()
+            daemon.handover.options = dataclasses.replace(  # exits 2 (usage)
+                daemon.handover.options, argv=(IOP_EDGE, "serve", "--no-such-option")
+            )
+            exits = (await daemon.handover.restart()).to_json()
             answer = await serves(daemon.listeners["openai"].url)
             metrics = await edge.metrics()
-            taken = daemon.handover_statistics()
+            taken = daemon.handover.statistics()
     assert not_run["result"] == "failed"  # (the program is run by the activation shim)
     assert "did not become ready (exit code 127)" in not_run["message"]
     assert exits == {
@@ -414,12 +417,14 @@ async def test_a_restart_is_refused_while_one_runs_or_without_a_command(tmp_path
         # a new process that exits without saying it is ready
         exits = (sys.executable, "-c", "pass")
         async with edge_on(tmp_path, doc, argv=exits) as edge:
-            first = asyncio.create_task(edge.daemon.restart())
+            first = asyncio.create_task(edge.daemon.handover.restart())
             await asyncio.sleep(0)  # (it is running: it waits for the new process)
-            second = await edge.daemon.restart()
-            first_result = await first
-            edge.daemon.argv = ()
-            without = await edge.daemon.restart()
+            second = (await edge.daemon.handover.restart()).to_json()
+            first_result = (await first).to_json()
+            edge.daemon.handover.options = dataclasses.replace(
+                edge.daemon.handover.options, argv=()
+            )
+            without = (await edge.daemon.handover.restart()).to_json()
             answer = await serves(edge.daemon.listeners["openai"].url)
     assert second == {
         "result": "rejected",
@@ -541,13 +546,13 @@ async def test_a_stop_during_a_handover_kills_the_new_process_before_it_serves(
         # a new process that records its pid and never says it is ready
         waits = (sys.executable, "-c", WAITS, str(started))
         async with edge_on(tmp_path, tokens_doc(fake, ["app-a"]), argv=waits) as edge:
-            restart = asyncio.create_task(edge.daemon.restart())
+            restart = asyncio.create_task(edge.daemon.handover.restart())
             await wait_for(lambda: started.exists() and started.read_text() != "")
             pid = int(started.read_text())
             phase = edge.daemon.lifecycle.phase
             await edge.daemon.stop()
-            result = await asyncio.wait_for(restart, BOUND)
-            second = await edge.daemon.restart()
+            result = (await asyncio.wait_for(restart, BOUND)).to_json()
+            second = (await edge.daemon.handover.restart()).to_json()
     assert phase.value == "handing_over"
     assert result["result"] == "rejected"
     assert result["phase"] == "stopping"

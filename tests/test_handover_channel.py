@@ -12,7 +12,7 @@ import subprocess
 
 from iop_edge.admission import AdmissionScheduler
 from iop_edge.api.record import RequestRecord
-from iop_edge.handover import Channel, DrainTally, Predecessor, Successor, held_leases
+from iop_edge.handover.channel import Channel, DrainTally, Predecessor, Successor, held_leases
 from iop_edge.testing.clock import FakeClock
 from tests.helpers import wait_for
 from tests.pool.builders import pool, provider

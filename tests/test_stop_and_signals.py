@@ -43,6 +43,7 @@ from iop_edge.cli import build_parser
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon, cancel_reserve
 from iop_edge.logs import configure_logging, flush_logs
+from iop_edge.options import ServeOptions
 from iop_edge.supervisor import SupervisorOptions
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
@@ -287,7 +288,7 @@ async def test_daemon_stop_is_bounded_by_its_drain_timeout_and_releases_every_sl
     ``drain_timeout`` in their request lines), and every slot is released."""
     drain = 1.5
     async with FakeOpenAI(behavior=FakeBehavior(hold=True)) as fake:
-        daemon = Daemon(parse_config(doc_for(fake, capacity=1)), drain_timeout=drain)
+        daemon = Daemon(parse_config(doc_for(fake, capacity=1)), ServeOptions(drain_timeout=drain))
         await daemon.start()
         try:
             async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
@@ -613,9 +614,9 @@ async def test_an_internal_error_in_a_refresh_logs_its_traceback(log_stream, tmp
     path.write_text(dump(doc_for()))
     daemon = Daemon(
         parse_config(doc_for()),
-        config_path=path,
-        watch=False,
-        supervisor_options=SupervisorOptions(classify=classify),
+        ServeOptions(
+            config_path=path, watch=False, supervisor_options=SupervisorOptions(classify=classify)
+        ),
     )
     async with (
         running(daemon),

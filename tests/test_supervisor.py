@@ -13,6 +13,7 @@ import yaml
 
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
+from iop_edge.options import ServeOptions
 from iop_edge.supervisor import SupervisorOptions
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
@@ -73,8 +74,10 @@ async def test_a_kubernetes_configmap_symlink_swap_is_seen(tmp_path):
     path.symlink_to("..data/edge.yaml")
     daemon = Daemon(
         parse_config(yaml.safe_load(path.read_text())),
-        config_path=path,
-        supervisor_options=SupervisorOptions(debounce=0.05, settle=0.3, poll_interval=3600),
+        ServeOptions(
+            config_path=path,
+            supervisor_options=SupervisorOptions(debounce=0.05, settle=0.3, poll_interval=3600),
+        ),
     )
     await daemon.start()
     try:

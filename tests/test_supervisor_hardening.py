@@ -39,6 +39,7 @@ from iop_edge.config import parse_config
 from iop_edge.config.refresh import refresh
 from iop_edge.daemon import Daemon
 from iop_edge.logs import flush_logs
+from iop_edge.options import ServeOptions
 from iop_edge.supervisor import Supervisor, SupervisorOptions
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
@@ -182,7 +183,8 @@ async def edge_on(
     path = tmp_path / "edge.yaml"
     path.write_text(dump(doc))
     daemon = Daemon(
-        parse_config(doc), config_path=path, supervisor_options=options, **daemon_fields
+        parse_config(doc),
+        ServeOptions(config_path=path, supervisor_options=options, **daemon_fields),
     )
     await daemon.start()
     await watch_registered()
@@ -502,7 +504,10 @@ async def test_after_a_failed_refresh_stop_still_drains_the_request_in_flight(
         else:
             options = quick()
             save = HOSTILE[kind](dump(edge_doc(fake, capacity=3)))
-        daemon = Daemon(parse_config(edge_doc(fake)), config_path=path, supervisor_options=options)
+        daemon = Daemon(
+            parse_config(edge_doc(fake)),
+            ServeOptions(config_path=path, supervisor_options=options),
+        )
         await daemon.start()
         await watch_registered()
         edge = Edge(daemon, path, log_stream)

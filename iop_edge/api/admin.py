@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -45,10 +45,13 @@ from iop_edge.config.schema import ConsoleSection
 from iop_edge.config_file import MAX_FILE_BYTES
 from iop_edge.envelope import envelope
 from iop_edge.errors import IopEdgeError, RequestError
-from iop_edge.handover import HandoverStatistics
+from iop_edge.handover.channel import HandoverStatistics
 from iop_edge.pool import ProviderStatistics
 from iop_edge.seams import Clock
 from iop_edge.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from iop_edge.handover.result import RestartResult
 
 _JSON = "application/json"
 
@@ -82,7 +85,7 @@ class AdminAPI:
         console: ConsoleSection | None = None,
         *,
         clock: Clock,
-        restart: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        restart: Callable[[], Awaitable[RestartResult]] | None = None,
         handover: Callable[[], HandoverStatistics | None] | None = None,
     ) -> None:
         self.edge_id = edge_id
@@ -222,7 +225,7 @@ class AdminAPI:
         ``handed_over`` (with the new ``pid``), or ``rejected`` / ``failed`` and why (this
         process serves on), as a refresh's result does."""
         assert self.restart_edge is not None
-        result = await self.restart_edge()
+        result = (await self.restart_edge()).to_json()
         if result.get("phase") == "stopping":
             return web.Response(
                 body=envelope(result["message"], "daemon_stopping", status=409),

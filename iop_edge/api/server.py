@@ -29,16 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import itertools
 import math
 import os
 import re
 import time
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import aiohttp
 from aiohttp import web
 
 from iop_edge.adapters.base import (
@@ -73,10 +71,14 @@ from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
 from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError, AdmissionError, IopEdgeError, RequestError
+from iop_edge.lifecycle import Lifecycle, Phase
 from iop_edge.listeners import ConnectionGuard
 from iop_edge.logs import Logger, RequestLineWriter, structured_request_line
 from iop_edge.pool import ANONYMOUS, Failure
 from iop_edge.seams import Clock
+
+if TYPE_CHECKING:
+    from iop_edge.handover.relay import HandoverRelay
 
 _REQUEST_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # Generated request ids: 32 hex characters, a random per-process prefix and a counter — unique
@@ -87,27 +89,8 @@ _JSON: Final = "application/json"
 #: Upstream statuses that fail over to another provider (and count toward its ejection, but
 #: for 429, which holds the provider out for its Retry-After instead).
 _FAILOVER_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
-
-
-HANDOVER_HEADER: Final = "X-IOP-Handover"
-"""Carried by a request relayed from the process this one took over from: ``SECRET AGE``."""
-#: hop-by-hop and per-connection headers, not relayed
-#: (x-request-id is set anew: the id this process logged, so both logs share it)
-_NOT_RELAYED: Final = frozenset(
-    {
-        "host",
-        "content-length",
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "te",
-        "upgrade",
-        "x-request-id",
-    }
-)
-_RELAYED_BACK: Final = frozenset(
-    {"content-type", "retry-after", "x-request-id", "x-iop-provider", "cache-control"}
-)
+#: the phases this process serves in itself (ready for /readyz, unless it handed over)
+_SERVING_PHASES: Final = frozenset({Phase.READY, Phase.HANDING_OVER})
 
 
 class _Failed:
@@ -134,6 +117,8 @@ class OpenAIServer:
         logger: Logger,
         write_request_line: RequestLineWriter | None = None,
         observers: Iterable[RequestObserver] = (),
+        lifecycle: Lifecycle,
+        relay: HandoverRelay,
     ) -> None:
         #: when this process first loaded each model id (the ``created`` of /v1/models)
         self.load_times = LoadTimes(time.time)
@@ -158,19 +143,17 @@ class OpenAIServer:
             why_loopback="openai.principal_tokens is empty; add principal tokens to serve "
             "other names.",
         )
-        self.ready = False
-        #: a handover: the URL of the process that took over (this one relays to it) ...
-        self.successor: str | None = None
-        #: ... and the secret a relayed request carries, with its age, in HANDOVER_HEADER
-        self.handover_secret: str | None = None
-        self._relay_session: aiohttp.ClientSession | None = None
-        self.relaying = 0  # answers being relayed from the successor now
-        self.relayed_in = 0  # requests the process we took over from relayed to us
-        #: set by the daemon when a drain runs out: the requests it cancels log 503
-        #: ``drain_timeout`` rather than 499 ``client_gone``
-        self.cutting = False
+        #: the process's phase and its handover: read here, moved by the daemon
+        self.lifecycle = lifecycle
+        self.relay = relay
         #: the routes build_app added (what a 405's Allow is computed from)
         self._known: tuple[web.AbstractResource, ...] = ()
+
+    @property
+    def ready(self) -> bool:
+        """Whether ``/readyz`` says ready: in the phase ``ready``, and while handing over
+        until the leases went to the new process (:mod:`iop_edge.lifecycle`)."""
+        return self.lifecycle.phase in _SERVING_PHASES and not self.relay.handed_over
 
     def swap_catalog(self, catalog: Catalog) -> None:
         """Serve new requests from ``catalog`` (requests in flight keep the one they started
@@ -317,14 +300,20 @@ class OpenAIServer:
         record = RequestRecord(_request_id(request), endpoint, self.clock.now())
         try:
             response = await self._run(request, endpoint, record)
-            if self.successor is not None and not response.prepared:
+            if self.relay.handed_over and not response.prepared:
                 # Handed over: the answer closes its connection (saying so), and the client's
                 # next request opens a new one, which the new process accepts.
                 response.force_close()
             return response
         except IopEdgeError as exc:
-            if isinstance(exc, AdmissionError) and exc.reason == "handed_over" and self.successor:
-                return await self._relay_to_successor(request, record)
+            if (
+                isinstance(exc, AdmissionError)
+                and exc.reason == "handed_over"
+                and self.relay.handed_over
+            ):
+                relayed = await self.relay.forward(request, record.request_id, record.started)
+                record.status, record.code = relayed.status, "relayed"
+                return relayed
             record.status, record.code, _ = describe(exc)
             if record.error is None:  # (an allow-list denial has set what the log says)
                 record.error = str(exc)
@@ -333,7 +322,7 @@ class OpenAIServer:
             return _error_response(exc, record.request_id, record.provider)
         except asyncio.CancelledError:
             record.status, record.code = (
-                (503, "drain_timeout") if self.cutting else record.cancelled_as
+                (503, "drain_timeout") if self.relay.cutting else record.cancelled_as
             )
             raise
         except Exception as exc:
@@ -419,7 +408,7 @@ class OpenAIServer:
             async with await self.scheduler.admit(
                 route_group(model_id),
                 principal=share,
-                submitted_at=self._relayed_arrival(request.headers),
+                submitted_at=self.relay.arrival(request.headers),
             ) as admitted:
                 record.queue_wait = admitted.queue_wait
                 record.node, record.provider = route.node_id, route.adapter
@@ -446,7 +435,7 @@ class OpenAIServer:
             group,
             long_context=prepared.long_context,
             principal=share,
-            submitted_at=self._relayed_arrival(request.headers),
+            submitted_at=self.relay.arrival(request.headers),
         )
         assert lease is not None
         record.queue_wait = lease.queue_wait
@@ -492,64 +481,6 @@ class OpenAIServer:
         finally:
             if lease is not None:
                 lease.release()
-
-    def _relayed_arrival(self, headers: Mapping[str, str]) -> float | None:
-        """When a request relayed by the process this one took over from arrived there (on
-        our clock), so that it keeps its place and its deadline; ``None`` for any other."""
-        secret = self.handover_secret
-        if secret is None:  # (only a process started by a handover has one: no lookup)
-            return None
-        value = headers.get(HANDOVER_HEADER)
-        if value is None:
-            return None
-        given, _, age = value.partition(" ")
-        if not hmac.compare_digest(given.encode(), secret.encode()):
-            return None
-        try:
-            waited = float(age)
-        except ValueError:
-            return None
-        self.relayed_in += 1
-        return self.clock.now() - max(0.0, min(waited, 3600.0))
-
-    async def _relay_to_successor(
-        self, request: web.Request, record: RequestRecord
-    ) -> web.StreamResponse:
-        """Send a request this process can no longer admit (it handed over) to the process
-        that took over, with its age, and relay the answer as it comes."""
-        assert self.successor is not None
-        assert self.handover_secret is not None
-        raw = await request.read()  # (read before: aiohttp keeps the body)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_RELAYED}
-        age = self.clock.now() - record.started
-        headers[HANDOVER_HEADER] = f"{self.handover_secret} {age:.6f}"
-        headers["x-request-id"] = record.request_id
-        if self._relay_session is None:
-            self._relay_session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
-            )
-        url = self.successor + request.path_qs
-        async with self._relay_session.post(url, data=raw, headers=headers) as upstream:
-            response = web.StreamResponse(
-                status=upstream.status,
-                headers={k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED_BACK},
-            )
-            response.force_close()  # (before prepare: the header says so)
-            self.relaying += 1
-            try:
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
-            finally:
-                self.relaying -= 1
-        record.status, record.code = upstream.status, "relayed"
-        return response
-
-    async def aclose(self) -> None:
-        """Close the relay's connections (after a handover)."""
-        if self._relay_session is not None:
-            await self._relay_session.close()
 
     async def _execute(
         self,

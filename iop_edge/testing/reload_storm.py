@@ -35,6 +35,7 @@ from iop_edge.config import load_config, parse_config
 from iop_edge.config.policy import pool_policy
 from iop_edge.config.refresh import config_hash
 from iop_edge.daemon import Daemon
+from iop_edge.options import ServeOptions
 from iop_edge.pool import PoolPolicy
 from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
 from iop_edge.testing.leaks import leaks, settled, wait_for
@@ -108,8 +109,10 @@ async def watched_edge(
     path.write_text(dump(doc) if text is None else text)
     daemon = Daemon(
         parse_config(yaml.safe_load(path.read_text())),
-        config_path=path,
-        supervisor_options=SupervisorOptions(debounce=0.05, settle=settle, poll_interval=3600),
+        ServeOptions(
+            config_path=path,
+            supervisor_options=SupervisorOptions(debounce=0.05, settle=settle, poll_interval=3600),
+        ),
     )
     await daemon.start()
     try:

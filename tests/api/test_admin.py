@@ -24,6 +24,7 @@ from iop_edge.api.admin import MAX_CANDIDATE_BODY
 from iop_edge.config import parse_config
 from iop_edge.config_file import MAX_FILE_BYTES
 from iop_edge.daemon import Daemon
+from iop_edge.options import ServeOptions
 from iop_edge.supervisor import SupervisorOptions
 from tests.helpers import doc_for, dump, edge_on
 
@@ -53,10 +54,12 @@ async def admin_edge(tmp_path: Path, doc: dict[str, Any], **options: Any) -> Asy
     path.write_text(yaml.safe_dump(doc))
     daemon = Daemon(
         parse_config(doc),
-        config_path=path,
-        watch=False,
-        supervisor_options=SupervisorOptions(debounce=0.05, settle=0.05, poll_interval=3600),
-        **options,
+        ServeOptions(
+            config_path=path,
+            watch=False,
+            supervisor_options=SupervisorOptions(debounce=0.05, settle=0.05, poll_interval=3600),
+            **options,
+        ),
     )
     await daemon.start()
     try:

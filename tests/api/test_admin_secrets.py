@@ -22,6 +22,7 @@ import yaml
 
 from iop_edge.config_file import load_config_file
 from iop_edge.daemon import Daemon
+from iop_edge.options import ServeOptions
 from iop_edge.supervisor import SupervisorOptions
 from iop_edge.testing.fake_openai import FakeOpenAI
 
@@ -86,10 +87,12 @@ async def secret_edge(
     path.write_text(yaml.safe_dump(running_doc("${RUNNING_URL}", token=token)))
     daemon = Daemon(
         load_config_file(str(path), env),
-        config_path=path,
-        env=env,
-        watch=False,
-        supervisor_options=SupervisorOptions(poll_interval=3600),
+        ServeOptions(
+            config_path=path,
+            env=env,
+            watch=False,
+            supervisor_options=SupervisorOptions(poll_interval=3600),
+        ),
     )
     await daemon.start()
     try:

@@ -11,6 +11,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from iop_edge.adapters.base import UpstreamCall, UpstreamReply
+from iop_edge.lifecycle import Phase
 from iop_edge.testing.fake_behavior import FakeBehavior
 from tests.api.conftest import OTHER_TOKEN, TOKEN, edge_client, edge_doc
 from tests.helpers import wait_for
@@ -98,7 +99,7 @@ async def test_health_and_readiness(edge):
             assert response.status == 200
         async with session.get(base + "/readyz") as response:
             assert (response.status, await response.json()) == (200, {"status": "ready"})
-        edge.server.ready = False
+        edge.lifecycle.enter(Phase.STOPPING)  # (as stop() does first)
         async with session.get(base + "/readyz") as response:
             assert response.status == 503
 

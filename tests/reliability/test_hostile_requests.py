@@ -37,6 +37,7 @@ import pytest
 
 from iop_edge.config import load_config, parse_config
 from iop_edge.daemon import Daemon
+from iop_edge.options import ServeOptions
 from iop_edge.supervisor import SupervisorOptions
 from iop_edge.testing.leaks import children_of
 from tests.helpers import BOUND, FAKE_CLI, dump, process_gone, rename_save, wait_for
@@ -219,9 +220,11 @@ async def test_what_a_web_page_can_send_runs_nothing(tmp_path: Path) -> None:
     config.write_text(dump(doc))
     daemon = Daemon(
         parse_config(doc),
-        config_path=config,
-        watch=False,
-        supervisor_options=SupervisorOptions(poll_interval=3600),
+        ServeOptions(
+            config_path=config,
+            watch=False,
+            supervisor_options=SupervisorOptions(poll_interval=3600),
+        ),
     )
     await daemon.start()
     try:

@@ -1,4 +1,5 @@
-"""Handing the listening sockets and the pool over to a new process (``iop-edge restart``).
+"""The handover's wire: the channel between the old and the new process, and the leases it
+carries (``iop-edge restart``; the package :mod:`iop_edge.handover`).
 
 The running process (old) starts the new one with the same program and arguments, passing its
 listening sockets by the socket-activation convention (:mod:`iop_edge.activation`) and one end
@@ -12,14 +13,15 @@ channel, newline-delimited JSON:
    count], ...]}``: its pid, how long ago the restart began, and the slots it still holds.
    From then on each lease it releases is sent as ``{"type": "released", "lease": [node,
    provider, long]}``. Old relays its waiting requests to ``URL`` with their age and
-   ``S`` (see :class:`iop_edge.api.server.OpenAIServer`).
+   ``S`` (:class:`iop_edge.handover.relay.HandoverRelay`).
 3. new counts those slots as its own leases (:meth:`AdmissionScheduler.inherit`), starts
    accepting, says ``{"type": "serving"}``; old tells systemd the new main pid and drains.
 4. When the channel closes (old exited), new releases what it still counts for old.
 
 New shows the handover in ``/admin/status`` and ``iop_edge_handover_*``
 (:class:`HandoverStatistics`); old logs what it finished, relayed and cut (:class:`DrainTally`)
-as it exits.
+as it exits. The steps of either side are driven by
+:class:`iop_edge.handover.coordinator.HandoverCoordinator`.
 """
 
 from __future__ import annotations
@@ -33,10 +35,9 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from iop_edge.admission import AdmissionScheduler, Lease
-from iop_edge.api.record import RequestRecord
 from iop_edge.pool import SlotLease
 from iop_edge.seams import Clock
 
@@ -120,6 +121,21 @@ class HandoverStatistics:
     old_running: bool
 
 
+class EndedRequest(Protocol):
+    """What the drain tally reads of a request that ended (the server's request record has
+    it: the tally observes requests without this package importing the HTTP surface)."""
+
+    @property
+    def code(self) -> str:
+        """How it ended: ``ok``, ``relayed``, ``drain_timeout``, an error code ..."""
+        ...
+
+    @property
+    def stream(self) -> bool:
+        """Whether it was a streaming request."""
+        ...
+
+
 @dataclass(slots=True)
 class DrainTally:
     """What the old process finished after it handed over, by how (logged as it exits)."""
@@ -130,7 +146,7 @@ class DrainTally:
     cut: int = 0
     cut_streams: int = 0
 
-    def observe(self, record: RequestRecord) -> None:
+    def observe(self, record: EndedRequest) -> None:
         """Count one request that ended (a request observer of the server)."""
         if record.code == "relayed":
             self.relayed += 1
@@ -299,6 +315,7 @@ __all__ = [
     "HANDOVER_PRINCIPAL",
     "Channel",
     "DrainTally",
+    "EndedRequest",
     "HandoverStatistics",
     "Predecessor",
     "Successor",
