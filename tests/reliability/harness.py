@@ -1,137 +1,80 @@
-"""Machinery of the hostile-client and hostile-upstream tests (issue 10): ``iop-edge serve``
-as a subprocess (:class:`EdgeProcess`), raw sockets and raw upstreams, slowloris clients, and
-what an operator reads back (log events, ``/admin/status``, ``/metrics``).
+"""Machinery of the hostile-client and hostile-upstream tests (issue 10): raw upstreams,
+slowloris clients, stalled readers, upstreams that never answer, config files saved the hostile
+way, and ``iop-edge config validate`` as an operator runs it.
 
-The waiting and leak accounting, the watched edge, the steady load, the reload storm and the
-config fuzzer live in ``iop_edge.testing`` (``leaks``, ``reload_storm``, ``config_fuzz``):
-``bench/soak.py`` runs them at full size.
-
-A provider that goes down and comes back (issue 12): :class:`FlappingUpstream`, a fake OpenAI
-upstream stopped and started again on the same port, on demand or on a schedule;
-``tests/reliability/test_flapping.py`` drives it step by step, ``bench/soak.py`` on a clock.
+``iop-edge serve`` as a subprocess (:class:`EdgeProcess`) and what an operator reads back of
+it (log events, ``/admin/status``, ``/metrics``), raw HTTP on a socket, and the provider that
+goes down and comes back (:class:`FlappingUpstream`, issue 12) live in ``iop_edge.testing``
+(``edge_process``, ``raw_http``, ``flapping``), which ``bench/soak.py`` runs at full size;
+they are re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
-from iop_edge.testing.fake_behavior import DEFAULT_BEHAVIOR, FakeBehavior
-from iop_edge.testing.fake_openai import FakeOpenAI
-from iop_edge.testing.leaks import BOUND, children_of, wait_for
+from iop_edge.testing.edge_process import (
+    EdgeProcess,
+    edge_at_rest,
+    edge_metrics,
+    edge_process,
+    edge_status,
+    log_events,
+    status_leaks,
+    wait_for_log,
+)
+from iop_edge.testing.flapping import FlappingUpstream, FlapState
+from iop_edge.testing.leaks import BOUND
+from iop_edge.testing.raw_http import (
+    RawAnswer,
+    raw_answer,
+    raw_exchange,
+    raw_request,
+    read_answer,
+    until_closed,
+)
+
+__all__ = [
+    "EdgeProcess",
+    "FlapState",
+    "FlappingUpstream",
+    "RawAnswer",
+    "RawUpstream",
+    "ThreadedUpstream",
+    "Trickled",
+    "closed_port",
+    "config_validate",
+    "edge_at_rest",
+    "edge_metrics",
+    "edge_process",
+    "edge_status",
+    "log_events",
+    "raw_answer",
+    "raw_exchange",
+    "raw_request",
+    "raw_upstream",
+    "read_answer",
+    "read_until_closed",
+    "silent_upstream",
+    "slowloris",
+    "split_save",
+    "stalled_reader",
+    "status_leaks",
+    "swap_in_fifo",
+    "until_closed",
+    "wait_for_log",
+]
 
 # --- hostile clients and upstreams (issue 10) ------------------------------------------------
-
-
-@dataclass
-class EdgeProcess:
-    """``iop-edge serve`` running as a subprocess: every stderr line it wrote so far, and the
-    addresses of its ``listening`` event (``openai``, ``console``, ``metrics``)."""
-
-    process: subprocess.Popen[str]
-    lines: list[str]
-    addresses: dict[str, str]
-
-    def host_port(self, listener: str) -> tuple[str, int]:
-        """``(host, port)`` of one listener, for raw sockets."""
-        rest = self.addresses[listener].split("://", 1)[1]
-        host, _, port = rest.rpartition(":")
-        return host.strip("[]"), int(port)
-
-
-@contextlib.contextmanager
-def edge_process(config: Path) -> Iterator[EdgeProcess]:
-    """Run ``iop-edge serve --config config`` as an operator would; yield an
-    :class:`EdgeProcess` once it logs ``listening``. On exit it gets SIGTERM and must exit 0
-    within :data:`BOUND`; afterwards :attr:`EdgeProcess.lines` holds its whole log (stderr).
-    The server runs in the process started (``--no-parent``): its children are its CLI runs,
-    which the harness counts."""
-    iop_edge = str(Path(sys.executable).with_name("iop-edge"))
-    process = subprocess.Popen(
-        [iop_edge, "serve", "--config", str(config), "--no-parent"],
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-    )
-    lines: list[str] = []
-    listening = threading.Event()
-    addresses: dict[str, str] = {}
-
-    def drain() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.append(line)
-            if not listening.is_set() and '"listening"' in line:
-                with contextlib.suppress(ValueError):
-                    event = json.loads(line)
-                    addresses.update(
-                        {k: v for k, v in event.items() if k in ("openai", "console", "metrics")}
-                    )
-                    listening.set()
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        if not listening.wait(BOUND):
-            raise AssertionError("the daemon did not start:\n" + "".join(lines))
-        yield EdgeProcess(process, lines, addresses)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(BOUND) == 0, "".join(lines)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        reader.join(BOUND)
-        assert process.stderr is not None
-        process.stderr.close()
-
-
-async def raw_exchange(host: str, port: int, request: bytes) -> tuple[int, bytes]:
-    """Send ``request`` (whole, as bytes: a client no library would let us be) on a new
-    connection and read the answer to the end; the status and the body."""
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(request)
-        await writer.drain()
-        async with asyncio.timeout(BOUND):
-            raw = await reader.read()
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status_line = head.split(b"\r\n", 1)[0].split(b" ")
-    return int(status_line[1]), body
-
-
-def raw_request(
-    method: str,
-    path: str,
-    headers: Sequence[tuple[bytes, bytes]] = (),
-    body: bytes = b"",
-    *,
-    host: bytes = b"127.0.0.1",
-) -> bytes:
-    """An HTTP/1.1 request built byte by byte (header values may hold any byte), with
-    ``Connection: close`` and the body's ``Content-Length``."""
-    lines = [f"{method} {path} HTTP/1.1".encode(), b"Host: " + host]
-    lines += [name + b": " + value for name, value in headers]
-    if body or method == "POST":
-        lines.append(b"Content-Length: %d" % len(body))
-    lines.append(b"Connection: close")
-    return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
 @dataclass
@@ -184,58 +127,6 @@ async def raw_upstream(response: bytes) -> AsyncIterator[RawUpstream]:
         for writer in list(writers):
             writer.close()
         await server.wait_closed()
-
-
-@dataclass
-class RawAnswer:
-    """One HTTP/1.1 answer read off a raw socket: status, headers (lower-case names), body."""
-
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-async def read_answer(reader: asyncio.StreamReader) -> RawAnswer:
-    """Read one answer (head, then a ``Content-Length`` body, or the rest until EOF) from a
-    connection on which the request was sent; bounded by :data:`BOUND`."""
-    async with asyncio.timeout(BOUND):
-        head = await reader.readuntil(b"\r\n\r\n")
-        status_line, *header_lines = head.decode("latin-1").split("\r\n")
-        headers: dict[str, str] = {}
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            if name:
-                headers[name.strip().lower()] = value.strip()
-        if "content-length" in headers:
-            body = await reader.readexactly(int(headers["content-length"]))
-        else:
-            body = await reader.read()
-    return RawAnswer(int(status_line.split(" ")[1]), headers, body)
-
-
-async def raw_answer(host: str, port: int, request: bytes) -> RawAnswer:
-    """Send ``request`` on a new connection and read its answer with its headers (what
-    :func:`raw_exchange` gives, and the headers: ``Retry-After``, ``Connection``, ...)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(request)
-        await writer.drain()
-        return await read_answer(reader)
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-
-
-async def until_closed(reader: asyncio.StreamReader) -> bytes:
-    """Everything the peer sends until it closes the connection (EOF or reset); raises
-    TimeoutError when it has not closed within :data:`BOUND`."""
-    received = b""
-    async with asyncio.timeout(BOUND):
-        with contextlib.suppress(ConnectionError):
-            while chunk := await reader.read(65536):
-                received += chunk
-    return received
 
 
 @dataclass
@@ -323,94 +214,6 @@ def read_until_closed(sock: socket.socket) -> tuple[bytes, str]:
         if not chunk:
             return received, "eof"
         received += chunk
-
-
-def log_events(edge: EdgeProcess, event: str) -> list[dict[str, Any]]:
-    """Every JSON line of the edge's log so far whose ``event`` is ``event``, parsed."""
-    marker = f'"event":"{event}"'
-    found: list[dict[str, Any]] = []
-    for line in list(edge.lines):
-        if marker in line:
-            with contextlib.suppress(ValueError):
-                found.append(json.loads(line))
-    return found
-
-
-async def wait_for_log(
-    edge: EdgeProcess,
-    event: str,
-    predicate: Callable[[dict[str, Any]], bool] = lambda line: True,
-    *,
-    after: int = 0,
-) -> dict[str, Any]:
-    """The first line of ``event`` (from its ``after``-th on) for which ``predicate`` holds,
-    once the edge has written it (bounded by :data:`BOUND`)."""
-
-    def find() -> dict[str, Any] | None:
-        return next((e for e in log_events(edge, event)[after:] if predicate(e)), None)
-
-    try:
-        await wait_for(lambda: find() is not None)
-    except TimeoutError:
-        raise AssertionError(f"no {event!r} log line came:\n" + "".join(edge.lines[-20:])) from None
-    line = find()
-    assert line is not None
-    return line
-
-
-async def edge_status(edge: EdgeProcess) -> dict[str, Any]:
-    """``GET /admin/status`` of the edge's console (loopback, no admin token)."""
-    answer = await raw_answer(
-        *edge.host_port("console"),
-        b"GET /admin/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-    )
-    assert answer.status == 200, answer
-    status: dict[str, Any] = json.loads(answer.body)
-    return status
-
-
-async def edge_metrics(edge: EdgeProcess) -> dict[str, float]:
-    """``GET /metrics`` of the edge: every sample, keyed by its name and labels as exposed
-    (``iop_edge_listener_connections{listener="openai"}``)."""
-    answer = await raw_answer(
-        *edge.host_port("metrics"),
-        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-    )
-    assert answer.status == 200, answer
-    samples: dict[str, float] = {}
-    for line in answer.body.decode().splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            samples[key] = float(value)
-    return samples
-
-
-def status_leaks(status: dict[str, Any]) -> dict[str, int]:
-    """What ``/admin/status`` shows still held: slots in flight, the queue, admissions (and
-    leases inherited by a handover) not released, double releases. Empty when the edge is at
-    rest."""
-    counters = status["counters"]
-    held = {
-        "in_flight": sum(p["in_flight"] for p in status["providers"]),
-        "queue_depth": status["queue"]["depth"],
-        "unreleased": counters["admitted"] + counters["inherited"] - counters["released"],
-        "double_releases": counters["double_releases"],
-    }
-    return {name: value for name, value in held.items() if value}
-
-
-async def edge_at_rest(edge: EdgeProcess) -> dict[str, Any]:
-    """Wait until the edge holds nothing (:func:`status_leaks` empty, no child process left:
-    every CLI run reaped), then return its status; a leak fails after :data:`BOUND`."""
-    pid = edge.process.pid
-    status = await edge_status(edge)
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + BOUND
-    while (status_leaks(status) or children_of(pid)) and loop.time() < give_up:
-        await asyncio.sleep(0.01)
-        status = await edge_status(edge)
-    assert (status_leaks(status), children_of(pid)) == ({}, {}), status
-    return status
 
 
 class ThreadedUpstream:
@@ -579,89 +382,3 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-# --- a provider that goes down and comes back (issue 12) ---------------------------------------
-
-FlapState = Literal["down", "up"]
-"""What :class:`FlappingUpstream` just did: stopped its fake, or started a new one."""
-
-
-class FlappingUpstream:
-    """A fake OpenAI upstream on a fixed loopback port that goes down and comes back: a box
-    that dies (every connection dropped, then nothing listens: connections are refused) and
-    is started again at the same address, so the edge's config never changes.
-
-    :meth:`up` starts a new :class:`FakeOpenAI` on the port (the first one picks a free port,
-    kept from then on) and returns it: its counters are the requests of this up phase only.
-    :meth:`down` stops it. :meth:`flap` runs a down/up schedule. Use as an async context
-    manager: it starts up, and is stopped on exit.
-    """
-
-    def __init__(self, behavior: FakeBehavior = DEFAULT_BEHAVIOR) -> None:
-        self.behavior = behavior
-        self.port = 0
-        self.fake: FakeOpenAI | None = None
-        """The fake of the current up phase; ``None`` while down."""
-        self.downs = 0
-        self.ups = 0
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT/v1``, the same whether it is up or down (after the first
-        :meth:`up`)."""
-        if not self.port:
-            raise RuntimeError("the flapping upstream was never started: it has no port yet")
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    async def up(self) -> FakeOpenAI:
-        """Start a new fake on the port and return it (already listening)."""
-        if self.fake is not None:
-            raise RuntimeError(f"the flapping upstream on port {self.port} is already up")
-        fake = FakeOpenAI(behavior=self.behavior, port=self.port)
-        await fake.start()
-        self.port = fake.port
-        self.fake = fake
-        self.ups += 1
-        return fake
-
-    async def down(self) -> FakeOpenAI:
-        """Stop the fake (requests it holds are cut, connections closed); return it, stopped,
-        for its counters. The port refuses connections until :meth:`up`."""
-        fake, self.fake = self.fake, None
-        if fake is None:
-            raise RuntimeError(f"the flapping upstream on port {self.port} is already down")
-        await fake.close()
-        self.downs += 1
-        return fake
-
-    async def flap(
-        self,
-        down_s: float,
-        up_s: float,
-        cycles: int,
-        on_change: Callable[[FlapState, int, FakeOpenAI], None] | None = None,
-    ) -> None:
-        """``cycles`` times: down for ``down_s`` seconds, then up for ``up_s``; after each
-        change ``on_change(state, cycle, fake)`` is told (the fake just stopped, or just
-        started). Each phase lasts its length from the moment it began (the stop or start
-        included), so the schedule does not drift. The durations are the schedule itself (a
-        soak's rhythm), never a synchronisation: a test calls :meth:`down` and :meth:`up`."""
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        phases: tuple[tuple[FlapState, float], ...] = (("down", down_s), ("up", up_s))
-        for cycle in range(cycles):
-            for state, seconds in phases:
-                fake = await (self.down() if state == "down" else self.up())
-                if on_change is not None:
-                    on_change(state, cycle, fake)
-                began += seconds
-                await asyncio.sleep(max(began - loop.time(), 0))
-
-    async def __aenter__(self) -> FlappingUpstream:
-        await self.up()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.fake is not None:
-            await self.down()
