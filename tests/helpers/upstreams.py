@@ -1,80 +1,22 @@
-"""Machinery of the hostile-client and hostile-upstream tests (issue 10): raw upstreams,
-slowloris clients, stalled readers, upstreams that never answer, config files saved the hostile
-way, and ``iop-edge config validate`` as an operator runs it.
-
-``iop-edge serve`` as a subprocess (:class:`EdgeProcess`) and what an operator reads back of
-it (log events, ``/admin/status``, ``/metrics``), raw HTTP on a socket, and the provider that
-goes down and comes back (:class:`FlappingUpstream`, issue 12) live in ``iop_edge.testing``
-(``edge_process``, ``raw_http``, ``flapping``), which ``bench/soak.py`` runs at full size;
-they are re-exported here.
-"""
+"""Upstreams that misbehave, for the hostile-upstream and slow-reader tests (issue 10): one
+that answers raw bytes no framework would send (:func:`raw_upstream`, or
+:class:`ThreadedUpstream` to outlive one test's event loop), one whose stream never ends
+(:class:`EndlessUpstream`, :meth:`ThreadedUpstream.endless`), one that never answers
+(:func:`silent_upstream`), and a port where nothing listens (:func:`closed_port`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
-import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from iop_edge.testing.edge_process import (
-    EdgeProcess,
-    edge_at_rest,
-    edge_metrics,
-    edge_process,
-    edge_status,
-    log_events,
-    status_leaks,
-    wait_for_log,
-)
-from iop_edge.testing.flapping import FlappingUpstream, FlapState
+import orjson
+from aiohttp import web
+
 from iop_edge.testing.leaks import BOUND
-from iop_edge.testing.raw_http import (
-    RawAnswer,
-    raw_answer,
-    raw_exchange,
-    raw_request,
-    read_answer,
-    until_closed,
-)
-
-__all__ = [
-    "EdgeProcess",
-    "FlapState",
-    "FlappingUpstream",
-    "RawAnswer",
-    "RawUpstream",
-    "ThreadedUpstream",
-    "Trickled",
-    "closed_port",
-    "config_validate",
-    "edge_at_rest",
-    "edge_metrics",
-    "edge_process",
-    "edge_status",
-    "log_events",
-    "raw_answer",
-    "raw_exchange",
-    "raw_request",
-    "raw_upstream",
-    "read_answer",
-    "read_until_closed",
-    "silent_upstream",
-    "slowloris",
-    "split_save",
-    "stalled_reader",
-    "status_leaks",
-    "swap_in_fifo",
-    "until_closed",
-    "wait_for_log",
-]
-
-# --- hostile clients and upstreams (issue 10) ------------------------------------------------
 
 
 @dataclass
@@ -127,93 +69,6 @@ async def raw_upstream(response: bytes) -> AsyncIterator[RawUpstream]:
         for writer in list(writers):
             writer.close()
         await server.wait_closed()
-
-
-@dataclass
-class Trickled:
-    """What a slowloris connection saw: seconds from the moment it started connecting until
-    the edge closed it (so never less than the edge's timeout), how many bytes it trickled,
-    and what the edge sent it after ``first``'s answer."""
-
-    seconds: float
-    sent: int
-    received: bytes
-
-
-async def slowloris(
-    host: str, port: int, head: bytes, *, pace: float, first: bytes = b"", at_once: bytes = b""
-) -> Trickled:
-    """A slowloris client: on a new connection (after ``first``, a whole request whose answer
-    is read, when given, and ``at_once``, bytes sent in one go: a complete head whose body is
-    then trickled) send ``head`` — an incomplete request head, or part of a body — one byte
-    every ``pace`` seconds, then padding, until the edge closes the connection.
-
-    The pace is the attack's own rhythm, not a synchronisation: the test waits on the close
-    (bounded by :data:`BOUND`, so an edge that never closes fails the test instead of hanging).
-    """
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    reader, writer = await asyncio.open_connection(host, port)
-    sent = 0
-
-    async def trickle() -> None:
-        nonlocal sent
-        data = head
-        with contextlib.suppress(ConnectionError):
-            while True:
-                if sent >= len(data):
-                    data += b"a" * 64  # a header value that never ends
-                writer.write(data[sent : sent + 1])
-                sent += 1
-                await writer.drain()
-                await asyncio.sleep(pace)
-
-    try:
-        if first:
-            writer.write(first)
-            await writer.drain()
-            answer = await read_answer(reader)
-            assert answer.status == 200, answer
-        if at_once:
-            writer.write(at_once)
-            await writer.drain()
-        trickling = asyncio.create_task(trickle())
-        try:
-            received = await until_closed(reader)
-        finally:
-            trickling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await trickling
-        return Trickled(loop.time() - started, sent, received)
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-
-
-def stalled_reader(host: str, port: int, request: bytes) -> socket.socket:
-    """A client that sends ``request`` and then never reads: a blocking socket with a small
-    receive buffer (so the edge's writes have to wait soon). The caller closes it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(BOUND)
-    sock.connect((host, port))
-    sock.sendall(request)
-    return sock
-
-
-def read_until_closed(sock: socket.socket) -> tuple[bytes, str]:
-    """Read a blocking socket until the peer closes it: the bytes, and ``"eof"`` or
-    ``"reset"``; raises TimeoutError when it stays open past :data:`BOUND`."""
-    received = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            return received, "reset"
-        if not chunk:
-            return received, "eof"
-        received += chunk
 
 
 class ThreadedUpstream:
@@ -324,6 +179,54 @@ class ThreadedUpstream:
             conn.close()
 
 
+FRAME_CONTENT = 64 * 1024
+
+
+WRITE_HIGH_WATER = 64 * 1024  # aiohttp drains a transport above this
+
+
+class EndlessUpstream:
+    """An OpenAI-compatible upstream whose stream is ``frames`` chunks of 64 KiB of content;
+    it counts what it wrote and exposes its transport, to see its writes block."""
+
+    def __init__(self, frames: int) -> None:
+        self.frames = frames
+        self.written = 0
+        self.transport: asyncio.Transport | None = None
+        self.app = web.Application()
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        self.url = ""
+
+    async def __aenter__(self) -> EndlessUpstream:
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.runner.cleanup()
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        self.transport = request.transport
+        chunk = {"choices": [{"index": 0, "delta": {"content": "x" * FRAME_CONTENT}}]}
+        frame = b"data: " + orjson.dumps(chunk) + b"\n\n"
+        for _ in range(self.frames):
+            await response.write(frame)
+            self.written += len(frame)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    def blocked(self) -> bool:
+        """The upstream's own send buffer is over aiohttp's high-water mark: its
+        ``write()`` is waiting for the edge to read (TCP flow control reached it)."""
+        transport = self.transport
+        return transport is not None and transport.get_write_buffer_size() >= WRITE_HIGH_WATER
+
+
 @contextlib.contextmanager
 def silent_upstream() -> Iterator[str]:
     """An upstream that never answers: a listening socket nobody accepts from. The kernel
@@ -334,47 +237,6 @@ def silent_upstream() -> Iterator[str]:
         yield f"http://127.0.0.1:{server.getsockname()[1]}"
     finally:
         server.close()
-
-
-def split_save(path: Path, first: str, second: str, *, pause: float) -> None:
-    """Save ``first + second`` in place the way a slow writer does: truncate, write and flush
-    ``first``, wait ``pause`` seconds, write ``second``. The pause is the point of the attack
-    (a watcher sees the file between the two writes), not a synchronisation."""
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(first)
-        handle.flush()
-        os.fsync(handle.fileno())
-        time.sleep(pause)
-        handle.write(second)
-
-
-def swap_in_fifo(path: Path) -> None:
-    """Replace the file at ``path`` by a FIFO (named pipe) with no writer, atomically."""
-    tmp = path.with_name(f".{path.name}.fifo")
-    os.mkfifo(tmp)
-    os.replace(tmp, path)
-
-
-async def config_validate(path: Path) -> tuple[int, str]:
-    """``iop-edge config validate PATH`` as an operator runs it: its exit code and its output
-    (stdout + stderr); a run that does not end within :data:`BOUND` is killed and fails."""
-    process = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).with_name("iop-edge")),
-        "config",
-        "validate",
-        str(path),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        async with asyncio.timeout(BOUND):
-            out, _ = await process.communicate()
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise AssertionError(f"config validate {path} did not end within {BOUND} s") from None
-    assert process.returncode is not None
-    return process.returncode, out.decode(errors="replace")
 
 
 def closed_port() -> int:
