@@ -166,7 +166,9 @@ def own_work(
     by_caller: collections.Counter[str] = collections.Counter()
     for frames, count in samples(collapsed):
         ours = [
-            i for i, frame in enumerate(frames) if "iop_edge/" in frame and "cli.py" not in frame
+            i
+            for i, frame in enumerate(frames)
+            if "iop_edge/" in frame and "iop_edge/cli/" not in frame
         ]
         if not ours:
             continue

@@ -12,16 +12,16 @@ Four runs, each switchable:
   storm of ``iop_edge.testing.reload_storm`` at full size, in process, under SDK load.
 - **fuzz** (``--fuzz N`` Hypothesis candidates, ``--seed``): the config fuzzer of
   ``iop_edge.testing.config_fuzz`` at full size, in process, under SDK load.
-- **flapping** (``--flap-cycles`` times down ``--flap-down`` s, then up ``--flap-up`` s;
-  issue 12): ``iop-edge serve`` as a subprocess with model ``chat`` on two fake OpenAI
-  upstreams, ``steady`` and ``flappy``; ``flappy`` (a ``FlappingUpstream`` of the reliability
-  harness) is stopped and started again on the same port while ``--flap-concurrency`` raw
-  aiohttp clients ask ``chat`` (30 % streaming). Health is tuned so recovery shows:
-  ``failure_threshold`` 3, ``--flap-eject-ms`` 1000, ``--flap-probe-ms`` 250, two attempts.
-  Reported: requests, failures seen by clients, failovers by reason, ejections, probes and
-  recoveries (``/metrics``, the ``provider_ejected`` / ``provider_recovered`` log lines), how
-  long after each stop the provider was ejected and how long after each restart it was
-  healthy and serving again (its first answered request).
+- **flapping** (``--flap-cycles`` times down ``--flap-down`` s, then up ``--flap-up`` s; issue
+  12): ``iop-edge serve`` as a subprocess with model ``chat`` on two fake OpenAI upstreams,
+  ``steady`` and ``flappy``; ``flappy`` (a ``FlappingUpstream`` of
+  ``iop_edge.testing.flapping``) is stopped and started again on the same port while
+  ``--flap-concurrency`` raw aiohttp clients ask ``chat`` (30 % streaming). Health is tuned so
+  recovery shows: ``failure_threshold`` 3, ``--flap-eject-ms`` 1000, ``--flap-probe-ms`` 250,
+  two attempts. Reported: requests, failures seen by clients, failovers by reason, ejections,
+  probes and recoveries (``/metrics``, the ``provider_ejected`` / ``provider_recovered`` log
+  lines), how long after each stop the provider was ejected and how long after each restart it
+  was healthy and serving again (its first answered request).
 
 Usage::
 
@@ -60,9 +60,19 @@ import yaml
 
 from iop_edge.logs import configure_logging
 from iop_edge.testing.config_fuzz import fuzz_texts, run_config_fuzz
+from iop_edge.testing.edge_process import (
+    EdgeProcess,
+    edge_at_rest,
+    edge_metrics,
+    edge_process,
+    edge_status,
+    log_events,
+    status_leaks,
+)
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
+from iop_edge.testing.flapping import FlappingUpstream, FlapState
 from iop_edge.testing.leaks import children_of
 from iop_edge.testing.reload_storm import (
     SteadyLoad,
@@ -73,22 +83,6 @@ from iop_edge.testing.reload_storm import (
     storm_doc,
     storm_plan,
     watched_edge,
-)
-
-# The reliability harness (the edge as a subprocess, what an operator reads back, the flapping
-# upstream) lives with the tests; the repository root makes it importable from here.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.reliability.harness import (
-    EdgeProcess,
-    FlappingUpstream,
-    FlapState,
-    edge_at_rest,
-    edge_metrics,
-    edge_process,
-    edge_status,
-    log_events,
-    status_leaks,
 )
 
 IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))

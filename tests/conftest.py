@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from iop_edge.logs import configure_logging, flush_logs
+from iop_edge.logs import configure_logging
+from tests.helpers import LogCapture
 
 settings.register_profile(
     "ci",
@@ -24,15 +25,6 @@ settings.register_profile(
 )
 settings.register_profile("explore", deadline=None, max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
-class LogCapture(io.StringIO):
-    """The log as a file would have it: reading it first writes out the lines the edge queued
-    (it writes in batches, up to 20 ms late; :class:`iop_edge.logs.LineWriter`)."""
-
-    def getvalue(self) -> str:
-        flush_logs()
-        return super().getvalue()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from iop_edge.activation import (
     inherited_sockets,
 )
 from tests.helpers import BOUND, IOP_EDGE, ROOT, doc_for
-from tests.test_stop_and_signals import served, unit_settings, write_config
+from tests.helpers.service import served, unit_settings, write_config
 
 
 def listening_socket() -> socket.socket:

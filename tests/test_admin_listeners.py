@@ -37,7 +37,7 @@ from iop_edge.options import ServeOptions
 from iop_edge.supervisor import SupervisorOptions
 from iop_edge.testing.clock import FakeClock
 from tests.helpers import wait_for
-from tests.reliability.harness import raw_exchange, raw_request
+from tests.helpers.reliability import raw_exchange, raw_request
 
 START = 100.0
 HEADER_TIMEOUT = 2.0

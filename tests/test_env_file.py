@@ -18,7 +18,7 @@ from iop_edge.config_file import (
     read_secret_file,
 )
 from iop_edge.env_file import parse_env_text
-from tests.config.helpers import MINIMAL_YAML
+from tests.helpers.config import MINIMAL_YAML
 
 
 def test_the_env_file_syntax_is_systemds_environmentfile_subset():

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +34,19 @@ from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.testing.leaks import NO_LEAKS, leaks
 from iop_edge.tokens import token_hash
 from tests.helpers import BOUND, IOP_EDGE, child_states, doc_for, dump, edge_on, wait_for
-from tests.test_stop_and_signals import served, third_party_code_loaded, write_config
+from tests.helpers.service import (
+    JSON,
+    served,
+    status,
+    successor_stopped,
+    third_party_code_loaded,
+    write_config,
+)
 
 TOKENS = {"app-a": "iop_token-of-app-a", "app-b": "iop_token-of-app-b"}
 ALONE = "--no-parent"
 """These tests watch the server processes themselves: the old one's exit, each one's pid
 (the thin parent that otherwise starts them is tested in ``tests/test_parent.py``)."""
-JSON = {"Content-Type": "application/json"}
 
 
 def tokens_doc(fake: FakeOpenAI, refs: list[str], capacity: int = 2) -> dict[str, Any]:
@@ -55,24 +61,6 @@ def tokens_doc(fake: FakeOpenAI, refs: list[str], capacity: int = 2) -> dict[str
 
 def edit_config(config: Path, doc: dict[str, Any]) -> None:
     config.write_text(dump({**doc, "logging": {"format": "json"}}))
-
-
-@contextlib.contextmanager
-def successor_stopped(pid: list[int]) -> Iterator[None]:
-    """Whatever the test does, stop the process that took over (not our child)."""
-    try:
-        yield
-    finally:
-        for each in pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(each, signal.SIGKILL)
-
-
-async def status(console: str) -> dict[str, Any]:
-    """The admin status over a new connection (a kept-alive one may still reach the old
-    process for a moment after a handover)."""
-    async with aiohttp.ClientSession() as session, session.get(console + "/admin/status") as r:
-        return dict(await r.json())
 
 
 async def ask(
@@ -520,10 +508,18 @@ async def test_a_stop_never_becomes_a_restart(tmp_path: Path) -> None:
     assert closed == [True, True]
 
 
+GROUP_GONE_WITHIN = 1.0
+"""Seconds the processes of a stopped daemon's group may take to be gone once its first
+process (the thin parent) has exited: a bound, not a pace. Measured: none is left at the first
+look (the server exits before the parent does). The bound is room for a loaded machine; a
+successor that served on would never go, so it is told apart all the same."""
+
+
 def group_left(group: int) -> bool:
     """Whether a process of the process group ``group`` is still running, once the
-    processes that end have had the time to (bounded): a successor would serve on."""
-    deadline = time.monotonic() + 1.0  # (a bound, not a pace: the answer is "none" at once)
+    processes that end have had the time to (:data:`GROUP_GONE_WITHIN`): a successor would
+    serve on."""
+    deadline = time.monotonic() + GROUP_GONE_WITHIN
     while True:
         try:
             os.killpg(group, 0)

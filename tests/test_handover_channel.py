@@ -15,7 +15,7 @@ from iop_edge.api.record import RequestRecord
 from iop_edge.handover.channel import Channel, DrainTally, Predecessor, Successor, held_leases
 from iop_edge.testing.clock import FakeClock
 from tests.helpers import wait_for
-from tests.pool.builders import pool, provider
+from tests.helpers.pool import pool, provider
 
 
 def in_flight(scheduler: AdmissionScheduler) -> dict[str, tuple[int, int]]:

@@ -6,7 +6,7 @@ fires them by moving time by hand and asserts the exact deadline. aiohttp's keep
 runs on the loop's clock: that one test uses a short timeout and waits for the close itself.
 The fd-limit tests run ``iop-edge serve`` as a subprocess under a lowered ``RLIMIT_NOFILE``.
 
-Every wait is bounded (:data:`~tests.reliability.harness.BOUND`) so that a regression fails
+Every wait is bounded (:data:`~iop_edge.testing.leaks.BOUND`) so that a regression fails
 instead of hanging; no test sleeps for a duration.
 """
 
@@ -36,8 +36,8 @@ from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import BOUND, FAKE_CLI, process_gone, wait_for
-from tests.reliability.harness import raw_exchange, raw_request
-from tests.reliability.test_client_faults import FRAME_CONTENT, EndlessUpstream
+from tests.helpers.reliability import raw_exchange, raw_request
+from tests.helpers.upstreams import FRAME_CONTENT, EndlessUpstream
 
 pytestmark = pytest.mark.usefixtures("log_stream")  # the edge's log, off the terminal
 

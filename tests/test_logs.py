@@ -26,7 +26,7 @@ from iop_edge.logs import (
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import doc_for, dump, edge_on
-from tests.reliability.harness import raw_exchange, raw_request
+from tests.helpers.reliability import raw_exchange, raw_request
 
 #: Every control character: C0, DEL and C1 (a terminal acts on ESC, BEL, BS, CR, CSI, ...).
 HELLO = [{"role": "user", "content": "hi"}]

@@ -27,7 +27,7 @@ from iop_edge.sighup import RESTART_SIGNAL_WHILE_STARTING
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import BOUND, IOP_EDGE, child_states, doc_for, only_child, post
-from tests.test_stop_and_signals import HUP_PACE, STARTUP, served, write_config
+from tests.helpers.service import HUP_PACE, STARTUP, served, write_config
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_imports import (
+from tests.helpers.imports import (
     PACKAGE_DIR,
     Import,
     package_graph,

@@ -18,8 +18,7 @@ import aiohttp
 
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import BOUND, IOP_EDGE, doc_for
-from tests.test_handover import JSON, status, successor_stopped
-from tests.test_stop_and_signals import chat, served, write_config
+from tests.helpers.service import JSON, chat, served, status, successor_stopped, write_config
 
 OLD_KEY, NEW_KEY = "sk-old-0a9c77e1", "sk-new-5f31b2d4"
 OLD_FILE, NEW_FILE = "file-old-e3b0c442", "file-new-98fc1c14"

@@ -21,15 +21,13 @@ import io
 import json
 import linecache
 import math
-import os
 import re
 import shlex
 import shutil
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -49,150 +47,18 @@ from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.tokens import new_token, token_hash
 from tests.helpers import BOUND, IOP_EDGE, ROOT, doc_for, dump, wait_for
-
-STARTUP = 10.0
-"""Seconds the daemon may take to log ``listening`` before the run is declared broken."""
-
-HUP_PACE = 0.005
-"""Seconds between two SIGHUPs of a burst."""
+from tests.helpers.service import (
+    HUP_PACE,
+    STARTUP,
+    chat,
+    events,
+    served,
+    third_party_code_loaded,
+    unit_settings,
+    write_config,
+)
 
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=BOUND)
-HELLO = [{"role": "user", "content": "hello edge"}]
-
-
-def events(text: str, name: str | None = None) -> list[dict[str, Any]]:
-    """The JSON events of a log (every one, or those named ``name``)."""
-    found = []
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if isinstance(event, dict) and (name is None or event.get("event") == name):
-                found.append(event)
-    return found
-
-
-# --- iop-edge serve as a subprocess ------------------------------------------------------------
-
-
-class Served:
-    """``iop-edge serve`` running as a subprocess; its stderr is read line by line in a thread
-    so that the test can wait for an event while the daemon keeps writing."""
-
-    def __init__(
-        self,
-        config: Path,
-        *args: str,
-        wrap: Callable[[list[str]], list[str]] = list,
-        pass_fds: tuple[int, ...] = (),
-        env: dict[str, str] | None = None,
-    ) -> None:
-        # ``wrap`` may put a launcher in front of the command (the socket-activation shim).
-        # A session of its own: :meth:`close` kills the whole group — the thin parent, its
-        # servers, a successor — whatever the test left running.
-        self.process = subprocess.Popen(
-            wrap([IOP_EDGE, "serve", "--config", str(config), *args]),
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            pass_fds=pass_fds,
-            env=env,
-            start_new_session=True,
-        )
-        self.lines: list[str] = []
-        self.changed = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            with self.changed:
-                self.lines.append(line)
-                self.changed.notify_all()
-
-    @property
-    def log(self) -> str:
-        """The log so far."""
-        with self.changed:
-            return "".join(self.lines)
-
-    def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        """The events logged so far (those named ``name``)."""
-        return events(self.log, name)
-
-    def wait_event(self, name: str, timeout: float = BOUND) -> dict[str, Any]:
-        """The first event ``name``, once it is logged (AssertionError with the log when it
-        is not within ``timeout`` or the process ends first)."""
-        marker = f'"event":"{name}"'
-        deadline = time.monotonic() + timeout
-        with self.changed:
-            while True:
-                for line in self.lines:
-                    if marker in line:
-                        return dict(json.loads(line))
-                left = deadline - time.monotonic()
-                if left <= 0 or not self.reader.is_alive():
-                    raise AssertionError(
-                        f"no {name!r} event (exit code {self.process.poll()}):\n"
-                        + "".join(self.lines)
-                    )
-                self.changed.wait(left)
-
-    def has_logged(self, name: str) -> bool:
-        """Whether the event ``name`` was logged."""
-        marker = f'"event":"{name}"'
-        with self.changed:
-            return any(marker in line for line in self.lines)
-
-    def exit_code(self, timeout: float = BOUND) -> int:
-        """Wait for the process to end (the whole log read); its exit code."""
-        code = self.process.wait(timeout)
-        self.reader.join(timeout)
-        return code
-
-    def close(self) -> None:
-        """Kill what the test left running of the process's group; release the pipe."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-        self.reader.join(BOUND)
-        assert self.process.stderr is not None
-        self.process.stderr.close()
-
-
-@contextlib.contextmanager
-def served(config: Path, *args: str, **options: Any) -> Iterator[Served]:
-    """A :class:`Served` daemon, killed afterwards if the test left it running."""
-    daemon = Served(config, *args, **options)
-    try:
-        yield daemon
-    finally:
-        daemon.close()
-
-
-def third_party_code_loaded(pid: int) -> bool:
-    """Whether process ``pid`` has mapped an extension module of a third-party package (the
-    YAML parser, aiohttp, ...): the interpreter has started and ``iop_edge`` is importing."""
-    try:
-        maps = Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
-    return any("/site-packages/" in line and ".so" in line for line in maps.splitlines())
-
-
-def write_config(directory: Path, doc: dict[str, Any]) -> Path:
-    """``directory/edge.yaml`` holding ``doc``, with JSON logs."""
-    path = directory / "edge.yaml"
-    path.write_text(dump({**doc, "logging": {"format": "json"}}))
-    return path
-
-
-async def chat(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, Any]]:
-    """POST one chat completion for the model ``chat``; the status and the JSON answer."""
-    async with session.post(
-        url + "/v1/chat/completions", json={"model": "chat", "messages": HELLO}
-    ) as response:
-        return response.status, await response.json(content_type=None)
 
 
 async def queue_depth_reaches(session: aiohttp.ClientSession, console: str, depth: int) -> None:
@@ -206,6 +72,32 @@ async def queue_depth_reaches(session: aiohttp.ClientSession, console: str, dept
 
 
 # --- item 8: the drain is bounded once by --drain-timeout --------------------------------------
+
+# The drain runs on the event loop's own clock (Daemon.stop), not on an injected one, so these
+# tests measure real time. Each upper bound is the rule under test plus the slack stated below
+# (figures measured on the 2-core development machine); each lower bound is the rule exactly:
+# the cut comes no earlier than the drain timeout less its cancellation reserve.
+
+EXIT_SLACK = 1.0
+"""How much longer than ``--drain-timeout`` ``iop-edge serve`` may take from SIGTERM to its
+exit when the drain runs out. Measured: 1.54-1.57 s for a timeout of 2 s (the cut at 1.5 s,
+the timeout less its 0.5 s cancellation reserve; the cut requests end and the process exits
+within 0.07 s of it). Over that the bound leaves the unused reserve and a second for a loaded
+machine (the interpreter's exit, the thread that waits for it), and still tells the rule from
+the stop it replaced, twice the timeout (4 s)."""
+
+EARLY_EXIT_BOUND = 5.0
+"""Seconds ``iop-edge serve`` may take to exit once the last request of a drain that finished
+early is answered. Measured: 0.04-0.07 s. The failure it catches waits out the drain timeout
+(30 s in that test); the bound sits between the two, some 70 times the real figure for a
+loaded machine and a sixth of the timeout."""
+
+STOP_SLACK = 0.5
+"""How much longer than its ``drain_timeout`` ``Daemon.stop()`` may take, in process, when the
+drain runs out. Measured: 1.13 s for a timeout of 1.5 s (the cut at 1.125 s, the timeout less
+its 0.375 s cancellation reserve; the cut requests end at once). Over that the bound leaves the
+unused reserve and half a second for a loaded machine; no process has to exit here, hence less
+than :data:`EXIT_SLACK`."""
 
 
 async def test_sigterm_cuts_a_drain_that_runs_out_within_the_drain_timeout_once(tmp_path):
@@ -231,7 +123,9 @@ async def test_sigterm_cuts_a_drain_that_runs_out_within_the_drain_timeout_once(
                 elapsed = time.monotonic() - signalled
                 await fake.wait_until(lambda: fake.cancelled == 1)
     assert code == 0, daemon.log
-    assert elapsed < drain + 1.0, f"the stop took {elapsed:.2f} s for --drain-timeout {drain:g}"
+    assert elapsed < drain + EXIT_SLACK, (
+        f"the stop took {elapsed:.2f} s for --drain-timeout {drain:g}"
+    )
     assert elapsed >= drain - cancel_reserve(drain)  # the requests had until the cut to finish
     for outcome in outcomes:  # cut: the connection closes without an answer
         assert isinstance(outcome, aiohttp.ClientConnectionError), outcome
@@ -276,7 +170,7 @@ async def test_a_drain_that_finishes_early_answers_everything_and_exits_at_once(
         (200, "hello edge"),
         (200, "hello edge"),
     ]
-    assert elapsed < 5.0, f"exited {elapsed:.2f} s after the last request finished"
+    assert elapsed < EARLY_EXIT_BOUND, f"exited {elapsed:.2f} s after the last request finished"
     assert not daemon.has_logged("drain_timeout")
     assert [(r["status"], r["code"]) for r in daemon.events("request")] == [(200, "ok")] * 2
     assert daemon.events()[-1]["event"] == "stopped"
@@ -306,7 +200,7 @@ async def test_daemon_stop_is_bounded_by_its_drain_timeout_and_releases_every_sl
             if daemon.listeners:  # stop() failed half-way: don't leak the sockets
                 await daemon.stop()
         await fake.wait_until(lambda: fake.cancelled == 1)
-    assert elapsed < drain + 0.5, f"stop() took {elapsed:.2f} s for drain_timeout={drain:g}"
+    assert elapsed < drain + STOP_SLACK, f"stop() took {elapsed:.2f} s for drain_timeout={drain:g}"
     assert elapsed >= drain - cancel_reserve(drain)  # the requests had until the cut to finish
     assert all(isinstance(o, aiohttp.ClientConnectionError) for o in outcomes), outcomes
     log = log_stream.getvalue()
@@ -326,22 +220,6 @@ UNIT = ROOT / "deploy/iop-edge.service"
 
 _TIMESPAN_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0}
 _TIMESPAN_UNITS |= {"h": 3600.0, "hr": 3600.0}
-
-
-def unit_settings(text: str) -> dict[str, list[str]]:
-    """``Section.Key`` → every value it is given, in order, of a systemd unit file."""
-    settings: dict[str, list[str]] = {}
-    section = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("["):
-            section = line.strip("[]")
-            continue
-        key, _, value = line.partition("=")
-        settings.setdefault(f"{section}.{key.strip()}", []).append(value.strip())
-    return settings
 
 
 def timespan_seconds(value: str) -> float:

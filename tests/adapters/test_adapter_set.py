@@ -22,8 +22,7 @@ from iop_edge.config.schema import ExecutionFields, NodeRuntime
 from iop_edge.errors import AdapterError
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import FAKE_CLI
-
-from .conftest import chat, dead_port, reply_json
+from tests.helpers.adapters import chat, dead_port, reply_json
 
 
 @pytest.fixture

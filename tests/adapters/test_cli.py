@@ -27,8 +27,7 @@ from iop_edge.config import load_config
 from iop_edge.config.payload import node_payload
 from iop_edge.errors import AdapterError
 from tests.helpers import FAKE_CLI, wait_for
-
-from .conftest import (
+from tests.helpers.adapters import (
     chat,
     collect,
     content_of,
@@ -519,7 +518,7 @@ async def test_orphans_of_a_finished_command_are_killed(sets: SetFactory, tmp_pa
 
 
 async def test_adapter_set_aclose_kills_running_groups(pid_fifo: Path) -> None:
-    from .conftest import build_set
+    from tests.helpers.adapters import build_set
 
     adapter_set = build_set(
         [

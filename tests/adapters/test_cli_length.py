@@ -13,8 +13,7 @@ import pytest
 from iop_edge.adapters import AdapterSet, UpstreamCall, UpstreamStream
 from iop_edge.adapters.cli import OutputDecoder
 from tests.helpers import FAKE_CLI
-
-from .conftest import chat, collect, content_of, payloads, reply_json
+from tests.helpers.adapters import chat, collect, content_of, payloads, reply_json
 
 SetFactory = Callable[..., AdapterSet]
 # 200 words of 5 bytes; the fake stops after 100 of them and hangs: only a cut ends the call

@@ -22,8 +22,7 @@ from iop_edge.errors import AdapterError
 from iop_edge.testing.fake_behavior import FakeBehavior, Fault
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_upstream import fake_embedding
-
-from .conftest import (
+from tests.helpers.adapters import (
     chat,
     collect,
     content_of,

@@ -22,8 +22,7 @@ from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import FAKE_CLI
-
-from .conftest import chat, frames_until_error, payloads
+from tests.helpers.adapters import chat, frames_until_error, payloads
 
 SetFactory = Callable[..., AdapterSet]
 BOUND_MS = 200

@@ -18,9 +18,8 @@ import pytest
 
 from iop_edge.adapters import AdapterSet, UpstreamReply
 from iop_edge.errors import AdapterError
-from tests.reliability.harness import raw_upstream
-
-from .conftest import chat
+from tests.helpers.adapters import chat
+from tests.helpers.upstreams import raw_upstream
 
 SetFactory = Callable[..., AdapterSet]
 

@@ -14,7 +14,7 @@ from iop_edge.config.policy import (
     pool_policy,
     route_group,
 )
-from tests.config.helpers import base_doc, load, node
+from tests.helpers.config import base_doc, load, node
 
 
 def mixed_doc() -> dict[str, Any]:

@@ -14,21 +14,8 @@ import openai
 
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
-from iop_edge.tokens import token_hash
-from tests.helpers import doc_for, edge_on, wait_for
-
-TOKENS = {"app-a": "iop_token-of-app-a", "app-b": "iop_token-of-app-b"}
-
-
-def principals_doc(fake: FakeOpenAI, capacity: int = 1) -> dict[str, Any]:
-    """Model ``chat`` on one provider with ``capacity`` slots; one token (and principal) per
-    app."""
-    doc = doc_for(fake, capacity=capacity)
-    doc["openai"]["principal_tokens"] = [
-        {"token_ref": ref, "token_hash_sha256": token_hash(raw), "principal_ref": ref}
-        for ref, raw in TOKENS.items()
-    ]
-    return doc
+from tests.helpers import edge_on, wait_for
+from tests.helpers.api import TOKENS, principals_doc
 
 
 async def test_a_freed_slot_goes_to_the_principal_whose_turn_it_is(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ from iop_edge.cli import format_status
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.testing.reload_storm import dump
-from tests.api.test_fair_share import TOKENS, principals_doc
 from tests.helpers import Edge, edge_on, wait_for
+from tests.helpers.api import TOKENS, principals_doc
 
 
 class Apps:

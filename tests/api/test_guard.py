@@ -16,7 +16,7 @@ from iop_edge.api.guard import is_loopback_host
 from iop_edge.config import parse_config
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.api.conftest import TOKEN, edge_doc, running_edge
+from tests.helpers.api import TOKEN, edge_doc, running_edge
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 CHAT = {"model": "chat-oa", "messages": HELLO}

@@ -13,8 +13,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from iop_edge.adapters.base import UpstreamCall, UpstreamReply
 from iop_edge.lifecycle import Phase
 from iop_edge.testing.fake_behavior import FakeBehavior
-from tests.api.conftest import OTHER_TOKEN, TOKEN, edge_client, edge_doc
 from tests.helpers import wait_for
+from tests.helpers.api import OTHER_TOKEN, TOKEN, edge_client, edge_doc
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello through the edge"}]
 

@@ -20,8 +20,7 @@ from iop_edge.daemon import Daemon
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.testing.fake_upstream import fake_embedding
-
-from .conftest import TOKEN, edge_doc, running_edge
+from tests.helpers.api import TOKEN, edge_doc, running_edge
 
 HELLO: Any = [{"role": "user", "content": "hello through the edge"}]
 WEATHER: Any = [

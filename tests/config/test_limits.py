@@ -13,66 +13,41 @@ import contextlib
 import copy
 import json
 import os
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, TypeVarTuple
+from typing import Any
 
 import pytest
 import yaml
 
 from iop_edge.config import ConfigError, EdgeConfig, load_config, parse_config
-from iop_edge.config.limits import INT_MAX, INT_MIN, MAX_DEPTH, MAX_NODES
+from iop_edge.config.limits import INT_MAX, INT_MIN, MAX_DEPTH
 from iop_edge.config.load import parse_yaml
 from iop_edge.config.redact import REDACTED
 from iop_edge.config.refresh import refresh
 from iop_edge.config_file import MAX_FILE_BYTES, load_config_file, snapshot_config_file
-from tests.config.helpers import MINIMAL_YAML, base_doc, load, node, problems
-
-#: The line of the first key added after MINIMAL_YAML.
-NEXT_LINE = 8
-#: Deep enough to overflow Python's recursion limit in the old loader (issue 10 saw 500–1000),
-#: below libyaml's own cap of 1000 levels (which refuses deeper text as a syntax error).
-DEEP = 990
-#: The integer-range sentence every integer problem ends with.
-INT_RULE = f"integers must fit in 64 bits ({INT_MIN} to {INT_MAX})"
-DEPTH_RULE = f"a config may nest at most {MAX_DEPTH} levels"
-NODE_RULE = (
-    f"expands to more than {MAX_NODES:,} YAML nodes, an alias counted at every use; a config "
-    f"may expand to at most {MAX_NODES:,} (an alias bomb?)"
+from tests.helpers.config import MINIMAL_YAML, base_doc, load, node, problems
+from tests.helpers.limits import (
+    DEEP,
+    DEPTH_RULE,
+    INT_RULE,
+    NEXT_LINE,
+    NODE_RULE,
+    SECRET_ARGS,
+    SECRET_URL,
+    SECRETS,
+    SHOWN_ARGS,
+    SHOWN_URL,
+    alias_bomb,
+    call_within,
+    nested_list,
+    nested_mapping,
+    with_priority,
 )
-SECRETS = ("s3cret", "abc123", "sk-live-XYZ", "tok-abc-789")
-
-Args = TypeVarTuple("Args")
-R = TypeVar("R")
 
 
 def running() -> EdgeConfig:
     """MINIMAL_YAML loaded: the config a refresh is checked against."""
     return load_config(MINIMAL_YAML)
-
-
-def with_priority(value: Any) -> str:
-    """MINIMAL_YAML with the provider's priority written as ``value`` (YAML text)."""
-    return MINIMAL_YAML.replace("models: [echo]}", f"models: [echo], priority: {value}}}")
-
-
-def nested_mapping(depth: int) -> str:
-    return "{a: " * depth + "1" + "}" * depth
-
-
-def nested_list(depth: int) -> str:
-    return "[" * depth + "1" + "]" * depth
-
-
-def alias_bomb(levels: int) -> str:
-    """The classic "billion laughs": each level is nine aliases of the level below, so the
-    last one expands to 9**levels strings."""
-    lines = ["x-lol0: &lol0 [" + ", ".join(['"lol"'] * 9) + "]"]
-    lines += [
-        f"x-lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 9) + "]" for i in range(1, levels)
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def load_problems(text: str) -> list[str]:
@@ -88,28 +63,6 @@ def refresh_errors(text: str) -> list[str]:
     assert result.result == "rejected"
     assert result.report == []
     return [f"{e.path}: {e.message}" if e.path else e.message for e in result.errors]
-
-
-def call_within(seconds: float, fn: Callable[[*Args], R], *args: *Args) -> R:
-    """``fn(*args)`` in a daemon thread: a regression that blocks fails the test instead of
-    hanging the run (a thread cannot be killed; the caller unblocks it if it can)."""
-    outcome: dict[str, R] = {}
-    failure: dict[str, BaseException] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = fn(*args)
-        except BaseException as exc:  # re-raised in the test's thread
-            failure["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        pytest.fail(f"{getattr(fn, '__name__', fn)} still running after {seconds} s")
-    if "error" in failure:
-        raise failure["error"]
-    return outcome["value"]
 
 
 # --- nesting depth (item 1) ------------------------------------------------------------------
@@ -341,11 +294,6 @@ def test_a_non_utf8_file_is_refused_naming_the_file_and_the_byte_offset(tmp_path
 
 
 # --- secrets in reports (item 9) -------------------------------------------------------------
-
-SECRET_URL = "https://user:s3cret@upstream.example/v1?api_key=abc123"
-SHOWN_URL = f"https://user:{REDACTED}@upstream.example/v1?api_key={REDACTED}"
-SECRET_ARGS = ["--api-key", "sk-live-XYZ", "--token=tok-abc-789", "--model", "m"]
-SHOWN_ARGS = ["--api-key", REDACTED, f"--token={REDACTED}", "--model", "m"]
 
 
 def assert_no_secret(shown: str) -> None:

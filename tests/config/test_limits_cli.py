@@ -30,8 +30,8 @@ from iop_edge.config.refresh import RefreshResult
 from iop_edge.config_file import MAX_FILE_BYTES
 from iop_edge.logs import Logger
 from iop_edge.supervisor import Supervisor
-from tests.config.helpers import MINIMAL_YAML, base_doc, node
-from tests.config.test_limits import (
+from tests.helpers.config import MINIMAL_YAML, base_doc, node
+from tests.helpers.limits import (
     DEEP,
     DEPTH_RULE,
     INT_RULE,

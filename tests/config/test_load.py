@@ -10,7 +10,7 @@ import pytest
 from iop_edge.config import ConfigError, dump_config, load_config, parse_config
 from iop_edge.config.load import expand_env
 from iop_edge.errors import ConfigProblem
-from tests.config.helpers import MINIMAL_YAML, base_doc, load, problem_at, provider
+from tests.helpers.config import MINIMAL_YAML, base_doc, load, problem_at, provider
 
 ROOT = Path(__file__).resolve().parents[2]
 

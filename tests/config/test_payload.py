@@ -8,7 +8,7 @@ import pytest
 
 from iop_edge.config import ConfigError
 from iop_edge.config.payload import NodeConfigPayload, node_payload
-from tests.config.helpers import HASH_A, base_doc, load, node
+from tests.helpers.config import HASH_A, base_doc, load, node
 
 
 def two_node_doc() -> dict[str, Any]:

@@ -10,7 +10,7 @@ from iop_edge.config import ConfigError, load_config
 from iop_edge.config.load import UnreadableFile
 from iop_edge.config.provenance import Provenance
 from iop_edge.config.refresh import config_hash, refresh
-from tests.config.helpers import MINIMAL_YAML
+from tests.helpers.config import MINIMAL_YAML
 
 AUTH = "command: cat, headers: {Authorization: 'Bearer ${file:/run/secrets/key}'}"
 

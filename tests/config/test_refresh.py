@@ -12,7 +12,7 @@ import yaml
 
 from iop_edge.config import load_config
 from iop_edge.config.refresh import RefreshOutcome, RefreshResult, classify, config_hash, refresh
-from tests.config.helpers import HASH_A, HASH_B, base_doc, load, node, provider
+from tests.helpers.config import HASH_A, HASH_B, base_doc, load, node, provider
 
 # An in-place edit of a config document.
 Edit = Callable[[dict[str, Any]], None]

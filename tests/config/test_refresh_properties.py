@@ -6,7 +6,7 @@ from hypothesis import given
 
 from iop_edge.config.refresh import RefreshResult, classify, refresh
 from iop_edge.testing.strategies import edited_pairs, valid_docs
-from tests.config.helpers import load
+from tests.helpers.config import load
 
 
 @given(valid_docs())

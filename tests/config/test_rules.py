@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from iop_edge.config.payload import node_payload
-from tests.config.helpers import (
+from tests.helpers.config import (
     HASH_A,
     HASH_B,
     base_doc,

@@ -12,7 +12,7 @@ import yaml
 from iop_edge.adapters import StreamBounds
 from iop_edge.api.catalog import build_catalog
 from iop_edge.config.refresh import refresh
-from tests.config.helpers import base_doc, load, problem_at, provider
+from tests.helpers.config import base_doc, load, problem_at, provider
 
 FIELDS = ("first_token_timeout_ms", "stream_idle_timeout_ms")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.config.helpers import HASH_A, base_doc, load, problem_at
+from tests.helpers.config import HASH_A, base_doc, load, problem_at
 
 IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))
 

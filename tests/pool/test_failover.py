@@ -13,7 +13,7 @@ from iop_edge.pool import (
     PoolScheduler,
     RequestState,
 )
-from tests.pool.builders import (
+from tests.helpers.pool import (
     BAD_GATEWAY,
     REFUSED,
     check_counters,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from iop_edge.pool import PoolScheduler
-from tests.pool.builders import check_counters, dispatched, key, pool, provider
+from tests.helpers.pool import check_counters, dispatched, key, pool, provider
 
 
 def test_an_inherited_lease_holds_its_slot_until_the_other_process_reports_it_done() -> None:

@@ -13,7 +13,7 @@ from iop_edge.pool import (
     HealthPolicy,
 )
 from iop_edge.pool.health import ProviderHealth
-from tests.pool.builders import (
+from tests.helpers.pool import (
     BAD_GATEWAY,
     POLICY,
     REFUSED,

@@ -19,7 +19,7 @@ from iop_edge.pool import (
     RequestState,
     SlotLease,
 )
-from tests.pool.builders import (
+from tests.helpers.pool import (
     REFUSED,
     TIMEOUT,
     busy,

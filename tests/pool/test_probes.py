@@ -15,7 +15,7 @@ from iop_edge.pool import (
     ProviderKey,
     SlotLease,
 )
-from tests.pool.builders import (
+from tests.helpers.pool import (
     BAD_GATEWAY,
     dispatched,
     key,

@@ -16,8 +16,8 @@ from iop_edge.config.policy import pool_policy
 from iop_edge.errors import FailureKind
 from iop_edge.pool import RETRY_CLASSES, Failure, PoolScheduler, may_retry
 from iop_edge.pool.policy import RETRY_CLASS_OF
-from tests.config.helpers import base_doc, node
-from tests.pool.builders import check_counters, key, lease_of, pool, provider, shown
+from tests.helpers.config import base_doc, node
+from tests.helpers.pool import check_counters, key, lease_of, pool, provider, shown
 
 HTTP_DEFAULT = frozenset(RETRY_CLASSES)
 CLI_DEFAULT = frozenset({"connect"})

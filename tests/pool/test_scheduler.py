@@ -20,7 +20,7 @@ from iop_edge.pool import (
     RejectReason,
     RequestState,
 )
-from tests.pool.builders import dispatched, lease_of, pool, provider, rejected
+from tests.helpers.pool import dispatched, lease_of, pool, provider, rejected
 
 
 def queued(

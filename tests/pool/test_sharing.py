@@ -10,7 +10,7 @@ import dataclasses
 from collections import Counter
 
 from iop_edge.pool import Dispatch, PendingRequest, PoolPolicy, PoolScheduler, SlotLease
-from tests.pool.builders import check_counters, dispatched, pool, provider
+from tests.helpers.pool import check_counters, dispatched, pool, provider
 
 
 def sharing(

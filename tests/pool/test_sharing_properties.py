@@ -48,7 +48,7 @@ from iop_edge.pool import (
     RequestState,
     SlotLease,
 )
-from tests.pool.builders import pool, provider
+from tests.helpers.pool import pool, provider
 
 PRINCIPALS = ["a", "b", "c"]
 GROUPS = {"g0": ["p", "q"], "g1": ["q", "r"]}  # q serves both groups

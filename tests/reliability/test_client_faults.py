@@ -16,12 +16,12 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.testing.fake_behavior import FakeBehavior
 from tests.helpers import FAKE_CLI, process_gone, settled, wait_for
+from tests.helpers.upstreams import FRAME_CONTENT, WRITE_HIGH_WATER, EndlessUpstream
 
 HELLO = [{"role": "user", "content": "hello edge"}]
 JSON = {"Content-Type": "application/json"}
@@ -171,51 +171,6 @@ async def test_a_client_gone_mid_stream_cancels_the_upstream(fake_oa, fake_ol, t
 
 
 # --- a slow reader -----------------------------------------------------------------------
-
-FRAME_CONTENT = 64 * 1024
-WRITE_HIGH_WATER = 64 * 1024  # aiohttp drains a transport above this
-
-
-class EndlessUpstream:
-    """An OpenAI-compatible upstream whose stream is ``frames`` chunks of 64 KiB of content;
-    it counts what it wrote and exposes its transport, to see its writes block."""
-
-    def __init__(self, frames: int) -> None:
-        self.frames = frames
-        self.written = 0
-        self.transport: asyncio.Transport | None = None
-        self.app = web.Application()
-        self.app.router.add_post("/v1/chat/completions", self.chat)
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
-        self.url = ""
-
-    async def __aenter__(self) -> EndlessUpstream:
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.runner.cleanup()
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        self.transport = request.transport
-        chunk = {"choices": [{"index": 0, "delta": {"content": "x" * FRAME_CONTENT}}]}
-        frame = b"data: " + orjson.dumps(chunk) + b"\n\n"
-        for _ in range(self.frames):
-            await response.write(frame)
-            self.written += len(frame)
-        await response.write(b"data: [DONE]\n\n")
-        return response
-
-    def blocked(self) -> bool:
-        """The upstream's own send buffer is over aiohttp's high-water mark: its
-        ``write()`` is waiting for the edge to read (TCP flow control reached it)."""
-        transport = self.transport
-        return transport is not None and transport.get_write_buffer_size() >= WRITE_HIGH_WATER
 
 
 def edge_unsent(daemon: Daemon) -> int:

@@ -1,7 +1,7 @@
 """Provider ejection and recovery (SPEC §5.1, issue 12), end to end: a dead provider under
 load, probes (on the fake clock and on the real one), the half-open trial of a cli provider,
 panic, and live refresh of the health settings. The pieces shared with ``test_failover.py``
-are in ``provider_group.py``.
+are in ``tests/helpers/provider_group.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import pytest
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import Edge, dump, edge_on, wait_for
-from tests.reliability.harness import closed_port
-from tests.reliability.provider_group import (
+from tests.helpers.provider_group import (
     HTTP_FAULTS,
     PROBE_PATHS,
     START,
@@ -37,6 +36,7 @@ from tests.reliability.provider_group import (
     sdk_for,
     sick_and_well,
 )
+from tests.helpers.upstreams import closed_port
 
 # --- ejection under load, probes and recovery ------------------------------------------------
 

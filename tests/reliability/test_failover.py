@@ -2,7 +2,7 @@
 the ``openai`` SDK against a real daemon on 127.0.0.1, fake upstreams on real sockets and the
 fake agent as a real subprocess. Each fault that counts as a provider failure fails over before
 the first byte, through each adapter, streaming and not; what is not retried is returned as it
-is. The pieces shared with ``test_ejection.py`` are in ``provider_group.py``; every test ends by
+is. The pieces shared with ``test_ejection.py`` are in ``tests/helpers/provider_group.py``; every test ends by
 checking that each lease was released exactly once.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import wait_for
-from tests.reliability.provider_group import (
+from tests.helpers.provider_group import (
     CLI_FAULTS,
     HTTP_FAULTS,
     START,

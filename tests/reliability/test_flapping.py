@@ -1,7 +1,7 @@
 """A provider that goes down and comes back, again and again, under load (issue 12, SPEC §5.1).
 
 Model ``chat`` has two providers: ``up`` (always there) and ``flappy``, a
-:class:`~tests.reliability.harness.FlappingUpstream` the test stops and starts again on the same
+:class:`~iop_edge.testing.flapping.FlappingUpstream` the test stops and starts again on the same
 port. Two clients keep asking through the ``openai`` SDK. The daemon runs on a
 :class:`~iop_edge.testing.clock.FakeClock`, so an ejection lasts until the test moves time:
 each step waits on what the edge shows (``statistics()``, log lines), never on a duration.
@@ -23,7 +23,7 @@ from iop_edge.pool import ProviderStatistics
 from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import doc_for, edge_on, wait_for
-from tests.reliability.harness import FlappingUpstream
+from tests.helpers.reliability import FlappingUpstream
 
 EJECT_MS = 1000
 PROBE_INTERVAL_MS = 250

@@ -15,7 +15,7 @@ would send them — raw bytes on sockets, files swapped under the daemon's feet.
 
 Every test reads the daemon's whole stderr: no line may hold any part of a credential or of
 the prompt. Waits are on the daemon's state, its log lines, or a socket's close; each one is
-bounded (:data:`~tests.reliability.harness.BOUND`), so a regression fails instead of hanging.
+bounded (:data:`~iop_edge.testing.leaks.BOUND`), so a regression fails instead of hanging.
 """
 
 # ruff: noqa: E501 - the case tables read best one row per line
@@ -41,9 +41,8 @@ from iop_edge.options import ServeOptions
 from iop_edge.supervisor import SupervisorOptions
 from iop_edge.testing.leaks import children_of
 from tests.helpers import BOUND, FAKE_CLI, dump, process_gone, rename_save, wait_for
-from tests.reliability.harness import (
+from tests.helpers.reliability import (
     EdgeProcess,
-    ThreadedUpstream,
     config_validate,
     edge_at_rest,
     edge_metrics,
@@ -55,7 +54,6 @@ from tests.reliability.harness import (
     raw_request,
     read_answer,
     read_until_closed,
-    silent_upstream,
     slowloris,
     split_save,
     stalled_reader,
@@ -63,6 +61,7 @@ from tests.reliability.harness import (
     until_closed,
     wait_for_log,
 )
+from tests.helpers.upstreams import ThreadedUpstream, silent_upstream
 
 # Distinctive secrets: the test looks for these texts in every log line.
 TOKEN = "iop_hostile-principal-5d1f0c9e7a2b4c68"

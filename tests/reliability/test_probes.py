@@ -16,8 +16,7 @@ from collections.abc import Callable
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import Edge, wait_for
-from tests.reliability.harness import closed_port
-from tests.reliability.provider_group import (
+from tests.helpers.provider_group import (
     admin_status,
     agent,
     all_released,
@@ -30,6 +29,7 @@ from tests.reliability.provider_group import (
     sample,
     sdk_for,
 )
+from tests.helpers.upstreams import closed_port
 
 
 def probed(edge: Edge, pid: str, *, ok: int, failed: int) -> Callable[[], bool]:

@@ -11,7 +11,7 @@ import pytest
 
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.reliability.provider_group import (
+from tests.helpers.provider_group import (
     chat,
     group_doc,
     http_provider,

@@ -25,7 +25,7 @@ from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.testing.fake_behavior import FakeBehavior
 from tests.helpers import FAKE_CLI, process_gone, settled, wait_for
-from tests.reliability.harness import closed_port, raw_upstream
+from tests.helpers.upstreams import closed_port, raw_upstream
 
 SHORT_MS = 300
 """``request_timeout_ms`` of the ``-short`` providers: the stall and hang rows wait this long."""

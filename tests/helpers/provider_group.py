@@ -28,7 +28,7 @@ from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.testing.fake_upstream import FakeUpstream
 from tests.helpers import FAKE_CLI, Edge, edge_on, wait_for
-from tests.reliability.harness import closed_port
+from tests.helpers.upstreams import closed_port
 
 START = 1000.0
 """Where the daemon's fake clock starts."""

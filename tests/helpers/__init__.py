@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from iop_edge.config import parse_config
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.daemon import Daemon
+from iop_edge.logs import flush_logs
 from iop_edge.options import ServeOptions
 from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
 from iop_edge.testing.fake_openai import FakeOpenAI
@@ -39,6 +41,7 @@ __all__ = [
     "IOP_EDGE",
     "ROOT",
     "Edge",
+    "LogCapture",
     "child_pids",
     "child_states",
     "doc_for",
@@ -53,7 +56,7 @@ __all__ = [
     "wait_for",
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 """The repository root."""
 
 IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))
@@ -61,6 +64,15 @@ IOP_EDGE = str(Path(sys.executable).with_name("iop-edge"))
 
 FAKE_CLI = [sys.executable, "-m", "iop_edge.testing.fake_cli"]
 """The fake command-line agent, as a provider's ``command`` + ``args``."""
+
+
+class LogCapture(io.StringIO):
+    """The log as a file would have it: reading it first writes out the lines the edge queued
+    (it writes in batches, up to 20 ms late; :class:`iop_edge.logs.LineWriter`)."""
+
+    def getvalue(self) -> str:
+        flush_logs()
+        return super().getvalue()
 
 
 def child_states(pid: int) -> dict[int, str]:
