@@ -20,7 +20,7 @@ from iop_edge.pool import PoolStatistics
 if TYPE_CHECKING:
     from iop_edge.handover import HandoverStatistics
     from iop_edge.listeners import ListenerStatistics
-    from iop_edge.supervisor import Supervisor
+    from iop_edge.supervisor import Supervisor, SupervisorStatistics
 
 __all__ = ["HandoverCollector", "ListenerCollector", "StateCollector"]
 
@@ -71,7 +71,7 @@ class StateCollector(Collector):
         yield from self._groups(stats)
         supervisor = self._supervisor()
         if supervisor is not None:
-            yield from _config(supervisor)
+            yield from _config(supervisor.statistics())
 
     @staticmethod
     def _principals(stats: PoolStatistics) -> Iterator[Metric]:
@@ -176,13 +176,13 @@ class StateCollector(Collector):
         yield panic
 
 
-def _config(supervisor: Supervisor) -> Iterator[Metric]:
+def _config(stats: SupervisorStatistics) -> Iterator[Metric]:
     info = GaugeMetricFamily(
         "iop_edge_config_info", "The running config (its content hash).", labels=["hash"]
     )
-    info.add_metric([supervisor.running_hash], 1)
+    info.add_metric([stats.running_hash], 1)
     yield info
-    last = supervisor.last
+    last = stats.last
     ok = last is None or last.result.result != "rejected"
     yield GaugeMetricFamily(
         "iop_edge_config_last_reload_successful",
@@ -192,12 +192,12 @@ def _config(supervisor: Supervisor) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "iop_edge_config_last_reload_success_timestamp_seconds",
         "Unix time of the last reload that was not rejected (or of the start).",
-        value=supervisor.last_success_at or 0,
+        value=stats.last_success_at or 0,
     )
     yield GaugeMetricFamily(
         "iop_edge_config_restart_pending",
         "Config changes saved but waiting for a restart.",
-        value=len(supervisor.restart_pending),
+        value=len(stats.restart_pending),
     )
 
 
