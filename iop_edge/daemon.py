@@ -140,7 +140,7 @@ class Daemon:
     _console_record: Path | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.adapters = NodeAdapters.from_config(self.config)
+        self.adapters = NodeAdapters.from_config(self.config, self.clock)
         self.scheduler = AdmissionScheduler(
             pool_policy(self.config),
             clock=self.clock,

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
+from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.testing.leaks import BOUND, child_pids, leaks, process_gone, settled, wait_for
 from iop_edge.testing.reload_storm import dump, rename_save
@@ -43,6 +44,7 @@ __all__ = [
     "edge_on",
     "leaks",
     "only_child",
+    "pass_deadline",
     "post",
     "process_gone",
     "rename_save",
@@ -76,6 +78,20 @@ def child_states(pid: int) -> dict[int, str]:
         if ppid == str(pid):
             found[int(entry)] = state
     return found
+
+
+async def pass_deadline(
+    clock: FakeClock, due: float, ready: Callable[[], bool] | None = None
+) -> None:
+    """Move ``clock`` onto the deadline ``due`` once a timer is armed for it (and ``ready()``
+    holds): first to a millisecond before it, checking that the timer has not fired (a bound
+    never passes early), then onto it, which fires it. Run it beside the call the bound ends:
+    the call's task then meets the deadline where the daemon's would."""
+    await wait_for(lambda: due in clock.armed and (ready is None or ready()))
+    clock.advance_to(due - 0.001)
+    assert due in clock.armed, f"the timer due at {due} fired before it"
+    clock.advance_to(due)
+    assert due not in clock.armed
 
 
 def post(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:

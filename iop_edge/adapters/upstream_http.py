@@ -45,7 +45,7 @@ from iop_edge.adapters.base import StreamBounds, UpstreamReply, UpstreamStream, 
 from iop_edge.adapters.deadlines import Deadlines, Exchange
 from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError, FailureKind
-from iop_edge.seams import ProbeResult
+from iop_edge.seams import Clock, ProbeResult
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -147,11 +147,13 @@ class HttpTarget:
     base_url: str | None
     headers: CIMultiDictProxy[str]
     timeout_ms: int
+    clock: Clock | None = field(default=None, repr=False, compare=False)
+    """The clock of the deadlines (the daemon's; the loop's when None)."""
     deadlines: Deadlines = field(init=False, repr=False, compare=False)
     """Bounds each exchange by ``timeout_ms``."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "deadlines", Deadlines(self.timeout_ms))
+        object.__setattr__(self, "deadlines", Deadlines(self.timeout_ms, self.clock))
 
     def url(self, path: str) -> str:
         """``base_url`` joined with ``path``, or a clear error when no base_url is configured."""
@@ -385,28 +387,38 @@ async def read_capped_prefix(response: aiohttp.ClientResponse, limit: int) -> by
 
 
 async def probe(
-    backend: HttpBackend, target: HttpTarget, path: str, timeout_ms: int
+    backend: HttpBackend, target: HttpTarget, path: str, deadlines: Deadlines
 ) -> ProbeResult:
     """One health check: ``GET {base_url}{path}`` with the target's configured headers;
-    healthy on a 2xx answer within ``timeout_ms``. Never raises (but for a cancellation)."""
+    healthy on a 2xx answer within the ``deadlines``' timeout (the check's ``timeout_ms``).
+    Never raises (but for a cancellation)."""
     url = target.url(path.lstrip("/"))
     where = f"{target.label}: the health check GET {redact_url(url)}"
+    late = f"{where} did not answer within {deadlines.timeout_ms} ms"
+    exchange = deadlines.start()
+    response: aiohttp.ClientResponse | None = None
     try:
-        async with asyncio.timeout(timeout_ms / 1000):
-            response = await backend.session().get(
-                parsed_url(url), headers=target.headers, allow_redirects=False
-            )
-            try:
-                status = response.status
-                await read_capped_prefix(response, _MAX_PROBE_BODY)
-            finally:
-                response.close()
-    except TimeoutError:
-        return False, f"{where} did not answer within {timeout_ms} ms"
+        response = exchange.response = await backend.session().get(
+            parsed_url(url), headers=target.headers, allow_redirects=False
+        )
+        status = response.status
+        await read_capped_prefix(response, _MAX_PROBE_BODY)
+    except asyncio.CancelledError:
+        if exchange.timed_out():
+            return False, late
+        raise
     except AdapterError as exc:
         return False, str(exc)
     except (aiohttp.ClientError, OSError) as exc:
+        if exchange.expired is not None:  # the deadline closed the response under the read
+            return False, late
         return False, str(upstream_error(target, url, exc, answered=False, method="GET"))
+    finally:
+        exchange.end()
+        if response is not None:
+            response.close()
+    if exchange.expired is not None:  # (a body cut by the deadline may read as its end)
+        return False, late
     if 200 <= status < 300:
         return True, None
     return False, f"{where} answered HTTP {status}"
