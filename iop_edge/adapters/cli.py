@@ -395,7 +395,7 @@ class CliExecutor:
         async def close() -> None:
             run.abort()
             exchange.end()
-            with contextlib.suppress(RuntimeError):  # see upstream_http.relay_lines
+            with contextlib.suppress(RuntimeError):  # see relay.relay_lines
                 await frames.aclose()
             await run.stopped()
 

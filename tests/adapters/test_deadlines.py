@@ -16,13 +16,13 @@ import pytest
 
 from iop_edge.adapters import AdapterSet
 from iop_edge.adapters.base import UpstreamReply, Usage
+from iop_edge.adapters.relay import relay_lines
 from iop_edge.adapters.upstream_http import (
     Deadlines,
     HttpBackend,
     HttpTarget,
     post_for_body,
     post_for_stream,
-    relay_lines,
     static_headers,
 )
 from iop_edge.errors import AdapterError
