@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 
+from iop_edge.clock import MonotonicClock
 from iop_edge.errors import AdmissionError
 from iop_edge.pool import (
     ANONYMOUS,
@@ -50,53 +51,14 @@ from iop_edge.pool import (
 )
 from iop_edge.seams import Clock, Prober, ProbeResult
 
+__all__ = ["AdmissionScheduler", "HealthListener", "Lease", "MonotonicClock"]
+
 HealthListener = Callable[[ProviderKey | str, HealthEvent], None]
 """Told each health event: of a provider ``(node, id)``, or of a model group (its id)."""
 
 
 async def _no_prober(key: ProviderKey) -> ProbeResult:
     return False, "no health check is wired to this scheduler"
-
-
-class MonotonicClock:
-    """The real clock: the running event loop's monotonic time and timers.
-
-    The loop's own ``time()`` is used (not ``time.monotonic()`` directly) so that ``now()`` and
-    timers agree under any loop implementation (uvloop included). Must be used from the loop.
-    """
-
-    __slots__ = ("_loop",)
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def now(self) -> float:
-        """The event loop's monotonic time in seconds."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            # Looked up once: the request path reads the clock several times per request.
-            loop = self._loop = asyncio.get_running_loop()
-        return loop.time()
-
-    def call_at(self, when: float, callback: Callable[[], None]) -> Callable[[], None]:
-        """Run ``callback`` on the loop once its time reaches ``when``; return its canceller."""
-        loop = asyncio.get_running_loop()
-        handle: asyncio.TimerHandle
-
-        def fire() -> None:
-            nonlocal handle
-            # asyncio may run a timer up to its clock resolution early; the contract is never.
-            if loop.time() < when:
-                handle = loop.call_at(when, fire)
-            else:
-                callback()
-
-        handle = loop.call_at(when, fire)
-
-        def cancel() -> None:
-            handle.cancel()
-
-        return cancel
 
 
 class Lease:

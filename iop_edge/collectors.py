@@ -4,12 +4,17 @@ config, the listeners' connections and the handover this process took over by.
 Each collector reads one snapshot (``statistics()``) per scrape and yields its families: one
 source of truth, nothing counted twice. A series exists only for a thing that exists: a
 configured provider, model group, principal or listener — never a placeholder.
+
+Each collector also has ``describe()``: its families, without a sample, from the same table
+:meth:`collect` fills (:class:`Family`). A registry asks ``describe()`` when a collector is
+registered (for the names it must keep unique), so registering reads no snapshot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -20,9 +25,138 @@ from iop_edge.pool import PoolStatistics
 if TYPE_CHECKING:
     from iop_edge.handover.channel import HandoverStatistics
     from iop_edge.listeners import ListenerStatistics
-    from iop_edge.supervisor import Supervisor
+    from iop_edge.supervisor import Supervisor, SupervisorStatistics
 
-__all__ = ["HandoverCollector", "ListenerCollector", "StateCollector"]
+__all__ = ["Family", "HandoverCollector", "ListenerCollector", "StateCollector"]
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family a collector yields: its type, name, help and label names."""
+
+    kind: Literal["gauge", "counter"]
+    name: str
+    documentation: str
+    labels: tuple[str, ...] = ()
+
+    def empty(self) -> GaugeMetricFamily | CounterMetricFamily:
+        """The family without samples (what ``describe()`` yields; ``collect()`` fills it)."""
+        kind = GaugeMetricFamily if self.kind == "gauge" else CounterMetricFamily
+        return kind(self.name, self.documentation, labels=list(self.labels))
+
+    def of(self, value: float) -> GaugeMetricFamily | CounterMetricFamily:
+        """The family of one unlabelled sample, ``value``."""
+        family = self.empty()
+        family.add_metric([], value)
+        return family
+
+
+def _gauge(name: str, documentation: str, *labels: str) -> Family:
+    return Family("gauge", name, documentation, labels)
+
+
+def _counter(name: str, documentation: str, *labels: str) -> Family:
+    return Family("counter", name, documentation, labels)
+
+
+QUEUE_DEPTH = _gauge("iop_edge_queue_depth", "Requests waiting in the admission queue.")
+QUEUE_MAX = _gauge("iop_edge_queue_max", "The queue's limit (provider_pool.max_queue, live).")
+ADMISSION_REJECTED = _counter(
+    "iop_edge_admission_rejected", "Requests the scheduler refused or dropped, by reason.", "reason"
+)
+PRINCIPAL_IN_FLIGHT = _gauge(
+    "iop_edge_principal_in_flight",
+    "Leases a principal holds, pool-wide (configured principals and anonymous only).",
+    "principal",
+)
+PRINCIPAL_QUEUED = _gauge(
+    "iop_edge_principal_queued",
+    "Requests of a principal waiting in the admission queue.",
+    "principal",
+)
+PROVIDER_IN_FLIGHT = _gauge(
+    "iop_edge_provider_in_flight",
+    "Requests running on a provider, by slot (general|long); a long-context request "
+    "holds a long slot and counts against the provider's capacity too.",
+    "node",
+    "provider",
+    "slot",
+)
+PROVIDER_CAPACITY = _gauge(
+    "iop_edge_provider_capacity",
+    "Slots of a provider by slot (general: capacity, long: long_context_capacity); 0 "
+    "when disabled.",
+    "node",
+    "provider",
+    "slot",
+)
+PROVIDER_ENABLED = _gauge(
+    "iop_edge_provider_enabled", "1 when the provider is a dispatch candidate.", "node", "provider"
+)
+PROVIDER_UP = _gauge(
+    "iop_edge_provider_up",
+    "1 unless the provider is ejected by its health (held out by a 429 counts as up).",
+    "node",
+    "provider",
+)
+PROVIDER_EJECTIONS = _counter(
+    "iop_edge_provider_ejections",
+    "Times the provider was ejected (or its ejection renewed) for failing.",
+    "node",
+    "provider",
+)
+HEALTH_PROBES = _counter(
+    "iop_edge_health_probes",
+    "Health checks of ejected and of idle providers, by result.",
+    "node",
+    "provider",
+    "result",
+)
+MODEL_ENABLED_PROVIDERS = _gauge(
+    "iop_edge_model_enabled_providers",
+    "Enabled providers of a model group (0: its requests fail at once with "
+    "no_available_provider). MODEL[completions] is the group serving /v1/completions "
+    "(its openai_compat providers).",
+    "model",
+)
+MODEL_PANIC = _gauge(
+    "iop_edge_model_panic",
+    "1 while every enabled provider of the model is out, ejected or held by a 429 "
+    "(panic: health is ignored for it). One series per model: its /v1/completions and "
+    "/v1/embeddings groups share its providers and are not reported apart.",
+    "model",
+)
+CONFIG_INFO = _gauge("iop_edge_config_info", "The running config (its content hash).", "hash")
+CONFIG_LAST_OK = _gauge(
+    "iop_edge_config_last_reload_successful", "1 when the last reload was not rejected."
+)
+CONFIG_LAST_OK_AT = _gauge(
+    "iop_edge_config_last_reload_success_timestamp_seconds",
+    "Unix time of the last reload that was not rejected (or of the start).",
+)
+CONFIG_RESTART_PENDING = _gauge(
+    "iop_edge_config_restart_pending", "Config changes saved but waiting for a restart."
+)
+STATE_FAMILIES = (
+    QUEUE_DEPTH,
+    QUEUE_MAX,
+    ADMISSION_REJECTED,
+    PRINCIPAL_IN_FLIGHT,
+    PRINCIPAL_QUEUED,
+    PROVIDER_IN_FLIGHT,
+    PROVIDER_CAPACITY,
+    PROVIDER_ENABLED,
+    PROVIDER_UP,
+    PROVIDER_EJECTIONS,
+    HEALTH_PROBES,
+    MODEL_ENABLED_PROVIDERS,
+    MODEL_PANIC,
+    CONFIG_INFO,
+    CONFIG_LAST_OK,
+    CONFIG_LAST_OK_AT,
+    CONFIG_RESTART_PENDING,
+)
+"""What :class:`StateCollector` yields, in order (the config's four only with a supervisor)."""
 
 
 class StateCollector(Collector):
@@ -45,24 +179,16 @@ class StateCollector(Collector):
         self._route_providers = frozenset(route_provider(m) for m in routes)
         self._route_groups = frozenset(route_group(m) for m in routes)
 
+    def describe(self) -> Iterator[Metric]:
+        """Every family :meth:`collect` yields, without samples (no snapshot is read)."""
+        return (family.empty() for family in STATE_FAMILIES)
+
     def collect(self) -> Iterator[Metric]:
         """One consistent snapshot per scrape."""
         stats = self._statistics()
-        yield GaugeMetricFamily(
-            "iop_edge_queue_depth",
-            "Requests waiting in the admission queue.",
-            value=stats.queue_depth,
-        )
-        yield GaugeMetricFamily(
-            "iop_edge_queue_max",
-            "The queue's limit (provider_pool.max_queue, live).",
-            value=stats.max_queue,
-        )
-        rejected = CounterMetricFamily(
-            "iop_edge_admission_rejected",
-            "Requests the scheduler refused or dropped, by reason.",
-            labels=["reason"],
-        )
+        yield QUEUE_DEPTH.of(stats.queue_depth)
+        yield QUEUE_MAX.of(stats.max_queue)
+        rejected = ADMISSION_REJECTED.empty()
         for reason, count in sorted(stats.rejected.items()):
             rejected.add_metric([reason], count)
         yield rejected
@@ -71,20 +197,12 @@ class StateCollector(Collector):
         yield from self._groups(stats)
         supervisor = self._supervisor()
         if supervisor is not None:
-            yield from _config(supervisor)
+            yield from _config(supervisor.statistics())
 
     @staticmethod
     def _principals(stats: PoolStatistics) -> Iterator[Metric]:
-        principal_in_flight = GaugeMetricFamily(
-            "iop_edge_principal_in_flight",
-            "Leases a principal holds, pool-wide (configured principals and anonymous only).",
-            labels=["principal"],
-        )
-        principal_queued = GaugeMetricFamily(
-            "iop_edge_principal_queued",
-            "Requests of a principal waiting in the admission queue.",
-            labels=["principal"],
-        )
+        principal_in_flight = PRINCIPAL_IN_FLIGHT.empty()
+        principal_queued = PRINCIPAL_QUEUED.empty()
         for share in stats.principals:
             principal_in_flight.add_metric([share.principal], share.in_flight)
             principal_queued.add_metric([share.principal], share.queued)
@@ -92,38 +210,12 @@ class StateCollector(Collector):
         yield principal_queued
 
     def _providers(self, stats: PoolStatistics) -> Iterator[Metric]:
-        in_flight = GaugeMetricFamily(
-            "iop_edge_provider_in_flight",
-            "Requests running on a provider, by slot (general|long); a long-context request "
-            "holds a long slot and counts against the provider's capacity too.",
-            labels=["node", "provider", "slot"],
-        )
-        capacity = GaugeMetricFamily(
-            "iop_edge_provider_capacity",
-            "Slots of a provider by slot (general: capacity, long: long_context_capacity); 0 "
-            "when disabled.",
-            labels=["node", "provider", "slot"],
-        )
-        enabled = GaugeMetricFamily(
-            "iop_edge_provider_enabled",
-            "1 when the provider is a dispatch candidate.",
-            labels=["node", "provider"],
-        )
-        up = GaugeMetricFamily(
-            "iop_edge_provider_up",
-            "1 unless the provider is ejected by its health (held out by a 429 counts as up).",
-            labels=["node", "provider"],
-        )
-        ejections = CounterMetricFamily(
-            "iop_edge_provider_ejections",
-            "Times the provider was ejected (or its ejection renewed) for failing.",
-            labels=["node", "provider"],
-        )
-        probes = CounterMetricFamily(
-            "iop_edge_health_probes",
-            "Health checks of ejected and of idle providers, by result.",
-            labels=["node", "provider", "result"],
-        )
+        in_flight = PROVIDER_IN_FLIGHT.empty()
+        capacity = PROVIDER_CAPACITY.empty()
+        enabled = PROVIDER_ENABLED.empty()
+        up = PROVIDER_UP.empty()
+        ejections = PROVIDER_EJECTIONS.empty()
+        probes = HEALTH_PROBES.empty()
         routes = self._route_providers
         for p in stats.providers:
             key = [p.node_id, p.provider_id]
@@ -152,20 +244,8 @@ class StateCollector(Collector):
         yield probes
 
     def _groups(self, stats: PoolStatistics) -> Iterator[Metric]:
-        members = GaugeMetricFamily(
-            "iop_edge_model_enabled_providers",
-            "Enabled providers of a model group (0: its requests fail at once with "
-            "no_available_provider). MODEL[completions] is the group serving /v1/completions "
-            "(its openai_compat providers).",
-            labels=["model"],
-        )
-        panic = GaugeMetricFamily(
-            "iop_edge_model_panic",
-            "1 while every enabled provider of the model is out, ejected or held by a 429 "
-            "(panic: health is ignored for it). One series per model: its /v1/completions and "
-            "/v1/embeddings groups share its providers and are not reported apart.",
-            labels=["model"],
-        )
+        members = MODEL_ENABLED_PROVIDERS.empty()
+        panic = MODEL_PANIC.empty()
         for group in stats.groups:
             if group.group_id in self._route_groups:
                 continue
@@ -176,29 +256,32 @@ class StateCollector(Collector):
         yield panic
 
 
-def _config(supervisor: Supervisor) -> Iterator[Metric]:
-    info = GaugeMetricFamily(
-        "iop_edge_config_info", "The running config (its content hash).", labels=["hash"]
-    )
-    info.add_metric([supervisor.running_hash], 1)
+def _config(stats: SupervisorStatistics) -> Iterator[Metric]:
+    info = CONFIG_INFO.empty()
+    info.add_metric([stats.running_hash], 1)
     yield info
-    last = supervisor.last
+    last = stats.last
     ok = last is None or last.result.result != "rejected"
-    yield GaugeMetricFamily(
-        "iop_edge_config_last_reload_successful",
-        "1 when the last reload was not rejected.",
-        value=1 if ok else 0,
-    )
-    yield GaugeMetricFamily(
-        "iop_edge_config_last_reload_success_timestamp_seconds",
-        "Unix time of the last reload that was not rejected (or of the start).",
-        value=supervisor.last_success_at or 0,
-    )
-    yield GaugeMetricFamily(
-        "iop_edge_config_restart_pending",
-        "Config changes saved but waiting for a restart.",
-        value=len(supervisor.restart_pending),
-    )
+    yield CONFIG_LAST_OK.of(1 if ok else 0)
+    yield CONFIG_LAST_OK_AT.of(stats.last_success_at or 0)
+    yield CONFIG_RESTART_PENDING.of(len(stats.restart_pending))
+
+
+LISTENER_CONNECTIONS = _gauge(
+    "iop_edge_listener_connections", "Open client connections of a listener.", "listener"
+)
+LISTENER_MAX_CONNECTIONS = _gauge(
+    "iop_edge_listener_max_connections", "The connection cap of a listener.", "listener"
+)
+LISTENER_CONNECTION_EVENTS = _counter(
+    "iop_edge_listener_connection_events",
+    "Connections a listener refused at its cap, closed for a slow request head or "
+    "body, cut because the client took no data, or evicted at its cap.",
+    "listener",
+    "event",
+)
+LISTENER_FAMILIES = (LISTENER_CONNECTIONS, LISTENER_MAX_CONNECTIONS, LISTENER_CONNECTION_EVENTS)
+"""What :class:`ListenerCollector` yields, in order."""
 
 
 class ListenerCollector(Collector):
@@ -208,24 +291,15 @@ class ListenerCollector(Collector):
     def __init__(self, listeners: Callable[[], Iterable[ListenerStatistics]]) -> None:
         self._listeners = listeners
 
+    def describe(self) -> Iterator[Metric]:
+        """Every family :meth:`collect` yields, without samples (no listener is read)."""
+        return (family.empty() for family in LISTENER_FAMILIES)
+
     def collect(self) -> Iterator[Metric]:
         """One snapshot of every bound listener."""
-        open_now = GaugeMetricFamily(
-            "iop_edge_listener_connections",
-            "Open client connections of a listener.",
-            labels=["listener"],
-        )
-        limit = GaugeMetricFamily(
-            "iop_edge_listener_max_connections",
-            "The connection cap of a listener.",
-            labels=["listener"],
-        )
-        events = CounterMetricFamily(
-            "iop_edge_listener_connection_events",
-            "Connections a listener refused at its cap, closed for a slow request head or "
-            "body, cut because the client took no data, or evicted at its cap.",
-            labels=["listener", "event"],
-        )
+        open_now = LISTENER_CONNECTIONS.empty()
+        limit = LISTENER_MAX_CONNECTIONS.empty()
+        events = LISTENER_CONNECTION_EVENTS.empty()
         for stats in self._listeners():
             open_now.add_metric([stats.name], stats.open_connections)
             limit.add_metric([stats.name], stats.max_connections)
@@ -238,40 +312,54 @@ class ListenerCollector(Collector):
         yield events
 
 
+HANDOVER_AT = _gauge(
+    "iop_edge_handover_timestamp_seconds",
+    "Unix time this process took over from the old one (iop-edge restart).",
+)
+HANDOVER_DURATION = _gauge(
+    "iop_edge_handover_duration_seconds",
+    "Seconds from the restart's start in the old process to this one accepting.",
+)
+HANDOVER_INHERITED = _gauge(
+    "iop_edge_handover_inherited_leases",
+    "Provider slots the old process still held when it handed over, counted here.",
+)
+HANDOVER_INHERITED_HELD = _gauge(
+    "iop_edge_handover_inherited_leases_held",
+    "Of those, the slots the old process holds still (0 once it exited).",
+)
+HANDOVER_RELAYED = _counter(
+    "iop_edge_handover_relayed_requests",
+    "Requests the old process relayed here (queued there, or sent on a connection "
+    "kept alive with it).",
+)
+HANDOVER_FAMILIES = (
+    HANDOVER_AT,
+    HANDOVER_DURATION,
+    HANDOVER_INHERITED,
+    HANDOVER_INHERITED_HELD,
+    HANDOVER_RELAYED,
+)
+"""What :class:`HandoverCollector` yields, in order (nothing without a handover)."""
+
+
 class HandoverCollector(Collector):
     """The handover this process took over by (none: no series), read at scrape time."""
 
     def __init__(self, handover: Callable[[], HandoverStatistics | None]) -> None:
         self._handover = handover
 
+    def describe(self) -> Iterator[Metric]:
+        """Every family :meth:`collect` yields after a handover, without samples."""
+        return (family.empty() for family in HANDOVER_FAMILIES)
+
     def collect(self) -> Iterator[Metric]:
         """The figures of the last handover, if this process was started by one."""
         taken = self._handover()
         if taken is None:
             return
-        yield GaugeMetricFamily(
-            "iop_edge_handover_timestamp_seconds",
-            "Unix time this process took over from the old one (iop-edge restart).",
-            value=taken.at,
-        )
-        yield GaugeMetricFamily(
-            "iop_edge_handover_duration_seconds",
-            "Seconds from the restart's start in the old process to this one accepting.",
-            value=taken.duration,
-        )
-        yield GaugeMetricFamily(
-            "iop_edge_handover_inherited_leases",
-            "Provider slots the old process still held when it handed over, counted here.",
-            value=taken.inherited_leases,
-        )
-        yield GaugeMetricFamily(
-            "iop_edge_handover_inherited_leases_held",
-            "Of those, the slots the old process holds still (0 once it exited).",
-            value=taken.inherited_held,
-        )
-        yield CounterMetricFamily(
-            "iop_edge_handover_relayed_requests",
-            "Requests the old process relayed here (queued there, or sent on a connection "
-            "kept alive with it).",
-            value=taken.relayed_requests,
-        )
+        yield HANDOVER_AT.of(taken.at)
+        yield HANDOVER_DURATION.of(taken.duration)
+        yield HANDOVER_INHERITED.of(taken.inherited_leases)
+        yield HANDOVER_INHERITED_HELD.of(taken.inherited_held)
+        yield HANDOVER_RELAYED.of(taken.relayed_requests)

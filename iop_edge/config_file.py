@@ -26,8 +26,8 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Final, Literal
 
 from iop_edge.config import ConfigError, ConfigProblem, EdgeConfig, load_config
 from iop_edge.config.load import UnreadableFile
@@ -207,21 +207,32 @@ def load_config_file(path: str, env: Mapping[str, str]) -> EdgeConfig:
     return load_config(text, env=variables(env), read_file=read_secret_file, source=path)
 
 
+Trigger = Literal["file", "signal", "api"]
+"""What asked for a refresh: a change of the file, SIGHUP, or the admin API (or the CLI)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigSnapshot:
-    """What one read of the config file found: its bytes, or the problem that stopped it."""
+    """What one read of the config file found: its bytes, or the problem that stopped it; what
+    asked for the read; and its :attr:`digest`, computed once, when the snapshot is made."""
 
     path: str
     data: bytes | None
     error: ConfigError | None
+    trigger: Trigger = "file"
+    digest: str = field(init=False, repr=False, compare=False)
+    """Identifies the content: equal digests mean nothing changed (a file that keeps failing to
+    read the same way keeps the same digest)."""
 
-    @property
-    def digest(self) -> str:
-        """Identifies the content: equal digests mean nothing changed (a file that keeps
-        failing to read the same way keeps the same digest)."""
-        if self.data is not None:
-            return hashlib.sha256(self.data).hexdigest()
-        return f"unreadable: {self.error}"
+    def __post_init__(self) -> None:
+        # Computed once: the watch compares it to what was judged last, the refresh path
+        # records it, and a 4 MiB file costs milliseconds to hash.
+        digest = (
+            hashlib.sha256(self.data).hexdigest()
+            if self.data is not None
+            else f"unreadable: {self.error}"
+        )
+        object.__setattr__(self, "digest", digest)
 
     def text(self) -> str:
         """The text, or the :class:`ConfigError` that stopped the read or the decoding."""
@@ -237,13 +248,14 @@ def candidate_snapshot(source: str, data: bytes) -> ConfigSnapshot:
     try:
         _check_size(len(data), MAX_FILE_BYTES, "a config file")
     except _Unreadable as exc:
-        return ConfigSnapshot(source, None, _cannot_read(source, str(exc)))
-    return ConfigSnapshot(source, data, None)
+        return ConfigSnapshot(source, None, _cannot_read(source, str(exc)), "api")
+    return ConfigSnapshot(source, data, None, "api")
 
 
-def snapshot_config_file(path: str) -> ConfigSnapshot:
-    """Read the config file once; never raises (the problem is kept in the snapshot)."""
+def snapshot_config_file(path: str, trigger: Trigger = "file") -> ConfigSnapshot:
+    """Read the config file once (for ``trigger``); never raises (the problem is kept in the
+    snapshot)."""
     try:
-        return ConfigSnapshot(path, read_config_bytes(path), None)
+        return ConfigSnapshot(path, read_config_bytes(path), None, trigger)
     except ConfigError as exc:
-        return ConfigSnapshot(path, None, exc)
+        return ConfigSnapshot(path, None, exc, trigger)

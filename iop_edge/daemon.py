@@ -117,7 +117,7 @@ class Daemon:
 
     def __post_init__(self) -> None:
         options = self.options
-        self.adapters = NodeAdapters.from_config(self.config)
+        self.adapters = NodeAdapters.from_config(self.config, self.clock)
         self.scheduler = AdmissionScheduler(
             pool_policy(self.config),
             clock=self.clock,

@@ -17,7 +17,7 @@ Third-party exceptions are mapped to these once, at the boundary where they occu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 #: Why the scheduler refused or dropped a request (the values of
 #: :class:`iop_edge.pool.RejectReason`, which a test keeps equal).
@@ -43,6 +43,17 @@ AdapterCode = Literal["upstream_error", "upstream_timeout"]
 FailureKind = Literal[
     "connect", "dropped", "timeout", "status_5xx", "status_429", "exit", "protocol"
 ]
+RetryClass = Literal["connect", "timeout_before_head", "5xx"]
+"""A class of failures before the response head that a provider's ``retry_on`` may fail over:
+``connect`` — never sent; ``timeout_before_head`` — sent, and no response head in time (or the
+connection dropped before it); ``5xx`` — an answered 500/502/503/504, or a cli that exited
+non-zero before any output. (Here, not in :mod:`iop_edge.pool.policy` which maps each
+:data:`FailureKind` to one: the config's schema names them too, and loading a config must not
+load the scheduler.)"""
+
+RETRY_CLASSES: Final[tuple[RetryClass, ...]] = ("connect", "timeout_before_head", "5xx")
+"""Every retry class: the default ``retry_on`` of an HTTP provider (an LLM call is safe to
+repeat); a ``cli`` provider's is ``connect`` alone (an agent's side effects are not)."""
 #: Why a request has no valid principal or credential (401).
 AuthCode = Literal[
     "invalid_api_key", "provider_auth_required", "invalid_provider_auth", "invalid_admin_token"

@@ -1,35 +1,24 @@
-"""The live-reload supervisor: every trigger goes through one serialized refresh path.
+"""The live-reload supervisor: every refresh goes through one serialized path.
 
-Triggers:
+The supervisor reads a :class:`~iop_edge.seams.ConfigSource` (``serve``'s is
+:class:`iop_edge.config_source.FileConfigSource`: the config file watched, settled, SIGHUP),
+which yields a :class:`~iop_edge.config_file.ConfigSnapshot` each time one is worth a refresh;
+watching is the source's job, refreshing this module's. Triggers:
 
-- ``file``: the config file's **directory** is watched (:mod:`iop_edge.config_watch`: inotify
-  on Linux, watchfiles elsewhere), so editor saves by rename, ``sed -i``, truncating writes,
-  delete + recreate and a Kubernetes ``..data`` symlink swap are all seen; only the names that
-  can change what the config path resolves to count (a log file beside it does not), and a
-  slow periodic content check backs up missed events. A file whose bytes did not change since
-  the last refresh is skipped. A file modified in place is not judged while its writer holds
-  it open (inotify's close-write; no timer runs meanwhile), and a changed file is only judged
-  once writes have **settled**: its content must stay the same for ``settle`` seconds (read,
-  wait, read again, until two reads agree), so a file saved in parts is never loaded
-  half-written, even when its first part is a valid config. A file still changing, or still
-  open for writing, after ``settle_limit`` seconds is rejected without being loaded. What
-  this cannot catch (a second write after a close and a settle window): see
-  :mod:`iop_edge.config_watch`.
-- ``signal``: SIGHUP (the daemon installs the handler before anything slow).
+- ``file`` and ``signal``: the snapshots the source yields (see :mod:`iop_edge.config_source`
+  for when: a change once settled, a SIGHUP at once).
 - ``api``: ``POST /admin/config/refresh`` and ``iop-edge config refresh``; synchronous — the
-  caller gets the result of a refresh that started after its call.
+  caller gets the result of a refresh that started after its call (the source reads the file
+  for it then).
 
-Signal and api refreshes do not wait for the file to settle: the operator asked for them. A
-SIGHUP that comes while a file change settles (or waits for its writer's close) takes its place
-at once.
-
-File and signal triggers that arrive while a refresh runs coalesce into one more run. Each run:
-read the file → load → validate → classify against the **running** config (in a worker thread,
-under ``deadline``: a large or hostile file can neither stall the event loop nor hold the
-refresh path; :mod:`iop_edge.config_file` bounds the read) → apply the live part to the
-scheduler and the model catalog in one step of the loop (no request sees half a config) →
-record, log, notify. Restart-class changes stay pending until a later file reverts them or the
-daemon restarts.
+Snapshots that come while a refresh runs wait their turn; triggers that arrive meanwhile
+coalesce into one more (the source's). Each run: load → validate → classify the snapshot
+against the **running** config (in a worker thread, under ``deadline``: a large or hostile
+file can neither stall the event loop nor hold the refresh path; :mod:`iop_edge.config_file`
+bounds the read) → apply the live part to the scheduler and the model catalog in one step of
+the loop (no request sees half a config) → record, log, notify. The config's hash is computed
+once per run, by the classification, and carried in its result. Restart-class changes stay
+pending until a later file reverts them or the daemon restarts.
 
 Nothing a refresh raises escapes: it becomes a ``rejected`` result whose reason is logged with
 its traceback, counted and shown in ``STATUS=``; the refresh worker outlives it.
@@ -45,7 +34,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from iop_edge.config.refresh import (
     RefreshOutcome,
@@ -59,17 +48,26 @@ from iop_edge.config.schema import EdgeConfig
 from iop_edge.config_file import (
     LOAD_DEADLINE,
     ConfigSnapshot,
+    Trigger,
     candidate_snapshot,
     read_secret_file,
-    snapshot_config_file,
     variables,
 )
-from iop_edge.config_watch import ConfigWatch, InotifyUnavailable, WatchStatistics
+from iop_edge.config_source import FileConfigSource
+from iop_edge.config_watch import WatchStatistics
 from iop_edge.errors import ConfigError, ConfigProblem
 from iop_edge.logs import Logger
+from iop_edge.seams import ConfigSource
 from iop_edge.systemd import Notifier
 
-Trigger = Literal["file", "signal", "api"]
+__all__ = [
+    "RefreshRecord",
+    "Supervisor",
+    "SupervisorOptions",
+    "SupervisorStatistics",
+    "Trigger",
+    "status_line",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +84,8 @@ class RefreshRecord:
 
 
 RefreshListener = Callable[[RefreshRecord], None]
-#: The pure refresh (:func:`iop_edge.config.refresh.refresh`) as the supervisor calls it.
+#: The pure refresh (:func:`iop_edge.config.refresh.refresh`) as the supervisor calls it; the
+#: result it returns carries the hash of the config to run after it (``config_hash``).
 Classifier = Callable[..., RefreshOutcome]
 
 
@@ -118,11 +117,74 @@ class SupervisorOptions:
     classify: Classifier = refresh
 
 
+@dataclass(frozen=True, slots=True)
+class SupervisorStatistics:
+    """A snapshot of the supervisor: the running config and its last refresh (read at scrape
+    time by the metrics, rendered by ``/admin/status`` and ``STATUS=``)."""
+
+    path: str
+    """The config file."""
+    watching: bool
+    """Whether the file is watched (``start(watch=...)``; ``reload.watch`` in the config)."""
+    running_hash: str
+    """The hash of the running config (:func:`~iop_edge.config.refresh.config_hash`)."""
+    generation: int
+    """1 at the start, one more for each refresh that changed the running config."""
+    loaded_at: float
+    """Unix time the process loaded its config."""
+    restart_pending: tuple[ReportEntry, ...]
+    """The changes of the last refresh that wait for a restart."""
+    last: RefreshRecord | None
+    """The last refresh that was applied or rejected (None: none yet)."""
+    last_success_at: float | None
+    """Unix time of the last refresh that was not rejected (or of the start)."""
+    runs: int
+    """Refreshes run (applied, rejected and dry runs)."""
+    reads: int
+    """Finished reads of the config file (a change, a settle window, a periodic check, a
+    refresh)."""
+
+    def as_status(self) -> dict[str, Any]:
+        """The config part of ``/admin/status``."""
+        return {
+            "path": self.path,
+            "watch": self.watching,
+            "hash": self.running_hash,
+            "generation": self.generation,
+            "loaded_at": self.loaded_at,
+            "restart_pending": [
+                {"path": e.path, "old": e.old, "new": e.new} for e in self.restart_pending
+            ],
+            "last_refresh": self.last.to_json() if self.last else None,
+            "last_success_at": self.last_success_at,
+        }
+
+    def status_line(self) -> str:
+        """The one-line status for ``systemctl status`` (``STATUS=``)."""
+        short = self.running_hash[:12]
+        last = self.last
+        if last is not None and last.result.result == "rejected":
+            first = last.result.errors[0] if last.result.errors else None
+            reason = (
+                f"{first.path}: {first.message}"
+                if first and first.path
+                else first.message
+                if first
+                else "rejected"
+            )
+            return f"config {short}; last reload rejected: {reason[:200]}"
+        pending = len(self.restart_pending)
+        tail = f"; {pending} change(s) need a restart" if pending else ""
+        return f"serving config {short} (generation {self.generation}){tail}"
+
+
 class Supervisor:
     """Owns the running config and the single refresh path.
 
     ``apply(config)`` must swap the live part in synchronously (scheduler policy and catalog in
     one go) or raise; ``listeners`` hear about every finished refresh (metrics, sd_notify).
+    ``source`` yields what to refresh; by default the file at ``path``, watched with the
+    timing of ``options``.
     """
 
     def __init__(
@@ -136,6 +198,7 @@ class Supervisor:
         listeners: list[RefreshListener] | None = None,
         options: SupervisorOptions | None = None,
         notifier: Notifier | None = None,
+        source: ConfigSource | None = None,
     ) -> None:
         self.path = path
         self.running = running
@@ -145,50 +208,56 @@ class Supervisor:
         self.restart_pending: list[ReportEntry] = []
         self.last: RefreshRecord | None = None
         self.last_success_at: float | None = self.loaded_at
-        self.options = options or SupervisorOptions()
+        self.options = options = options or SupervisorOptions()
         self._apply = apply
         self._env = env
         self._log = log
         self._listeners = list(listeners or [])
         self._notifier = notifier or Notifier({})
         self._lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        self._signalled = asyncio.Event()
-        self._queued: Trigger | None = None
-        # Bounded and non-blocking (a FIFO is refused, not read), so safe before the loop runs.
-        self._file_digest = snapshot_config_file(str(path)).digest
-        self._tasks: list[asyncio.Task[None]] = []
-        self._stop = asyncio.Event()
-        self._watcher = ConfigWatch(path, lambda: self.request("file"))
-        self._inotify = self.options.inotify
+        self._source: ConfigSource = source or FileConfigSource(
+            path,
+            log=log,
+            failed=self._log_failure,
+            inotify=options.inotify,
+            debounce=options.debounce,
+            settle=options.settle,
+            settle_limit=options.settle_limit,
+            poll_interval=options.poll_interval,
+            read_deadline=options.deadline,
+            sleep=options.sleep,
+        )
+        self._worker_task: asyncio.Task[None] | None = None
         self.runs = 0
-        #: finished reads of the config file (a change, a settle window, a periodic check, a
-        #: refresh)
-        self.reads = 0
-        #: whether the file is watched (``start(watch=...)``; ``reload.watch`` in the config)
-        self.watching = False
+
+    @property
+    def reads(self) -> int:
+        """Finished reads of the config file (a change, a settle window, a periodic check, a
+        refresh)."""
+        return self._source.reads
+
+    @property
+    def watching(self) -> bool:
+        """Whether the file is watched (``start(watch=...)``; ``reload.watch`` in the config)."""
+        return self._source.watching
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self, *, watch: bool = True) -> None:
-        """Start the worker (and, unless ``watch`` is false, the watcher and the poller)."""
-        self._tasks.append(asyncio.create_task(self._worker(), name="refresh-worker"))
-        self.watching = watch
-        if watch:
-            self._tasks.append(asyncio.create_task(self._watch(), name="config-watch"))
-            self._tasks.append(asyncio.create_task(self._poll(), name="config-poll"))
+        """Start the worker (and, unless ``watch`` is false, the source's watch)."""
+        self._worker_task = asyncio.create_task(self._worker(), name="refresh-worker")
+        self._source.start(watch=watch)
 
     async def stop(self) -> None:
-        """Stop the background tasks. Never raises: a task that failed earlier is logged, so
-        the daemon's drain goes on."""
-        self._stop.set()
-        for task in self._tasks:
-            task.cancel()
-        outcomes = await asyncio.gather(*self._tasks, return_exceptions=True)
-        for task, outcome in zip(self._tasks, outcomes, strict=True):
+        """Stop the worker and the watch. Never raises: a task that failed earlier is logged,
+        so the daemon's drain goes on."""
+        worker, self._worker_task = self._worker_task, None
+        if worker is not None:
+            worker.cancel()
+            [outcome] = await asyncio.gather(worker, return_exceptions=True)
             if isinstance(outcome, Exception):
-                self._log_failure("config_task_failed", outcome, task=task.get_name())
-        self._tasks.clear()
+                self._log_failure("config_task_failed", outcome, task=worker.get_name())
+        await self._source.stop()
 
     def add_listener(self, listener: RefreshListener) -> None:
         """Also call ``listener`` with the record of every refresh that finishes from now on
@@ -198,19 +267,15 @@ class Supervisor:
     # -- triggers ----------------------------------------------------------------------------
 
     def request(self, trigger: Trigger) -> None:
-        """Ask for a refresh soon (file events, SIGHUP); requests made while one runs
-        coalesce into one more run."""
-        # A signal outranks a file event in the record: it was an operator's explicit act.
-        if self._queued != "signal":
-            self._queued = trigger
-        if trigger == "signal":
-            self._signalled.set()  # a file trigger still settling gives way to it
-        self._wake.set()
+        """Ask for a refresh soon (file events, SIGHUP): the source's; requests made while one
+        runs coalesce into one more run."""
+        self._source.request(trigger)
 
     async def refresh(self, trigger: Trigger, mode: str = "apply") -> RefreshResult:
         """Run a refresh now (after any running one) and return its result; never raises."""
         async with self._lock:
-            result = await self._run(trigger, mode, force=True)
+            snapshot = await self._source.read(trigger)
+            result = await self._run(snapshot, mode, force=True)
         assert result is not None  # a forced run always runs
         return result
 
@@ -225,143 +290,46 @@ class Supervisor:
         never raises."""
         snapshot = candidate_snapshot(source, data)
         async with self._lock:
-            result = await self._run("api", "dry_run", force=True, snapshot=snapshot, refuse=refuse)
+            result = await self._run(snapshot, "dry_run", force=True, refuse=refuse)
         assert result is not None  # a forced run always runs
         return result
 
     # -- the path ----------------------------------------------------------------------------
 
     async def _worker(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            trigger, self._queued = self._queued or "file", None
+        async for snapshot in self._source:
             try:
-                snapshot = None
-                if trigger == "file":
-                    snapshot = await self._settled()
-                    if snapshot is None:
-                        continue  # nothing new on disk since the last look
                 async with self._lock:
-                    await self._run(trigger, "apply", force=trigger != "file", snapshot=snapshot)
+                    await self._run(snapshot, "apply", force=snapshot.trigger != "file")
             except Exception as exc:  # the worker outlives anything: later saves still count
-                self._log_failure("config_refresh_failed", exc, trigger=trigger)
-
-    async def _settled(self) -> ConfigSnapshot | None:
-        """The file once its writer closed it and two reads ``settle`` seconds apart agree;
-        ``None`` when it holds what was judged last, or when a SIGHUP came meanwhile (its
-        refresh, next, reads the file at once: the operator asked for it). A file still
-        changing, or still open for writing, after ``settle_limit`` seconds comes back as an
-        unreadable snapshot, so it is rejected without being loaded."""
-        settle, limit = self.options.settle, self.options.settle_limit
-        self._signalled.clear()  # (a SIGHUP before this file trigger was taken ran before it)
-        if not await self._writer_closed(0.0):
-            return None if self._signalled.is_set() else self._unsettled(self._held_open(limit))
-        current = await self._read()
-        if current.digest == self._file_digest:
-            return None
-        waited = 0.0
-        while True:
-            if not await self._writer_closed(waited):
-                return None if self._signalled.is_set() else self._unsettled(self._held_open(limit))
-            await self._wait(settle, self._signalled)
-            if self._signalled.is_set():
-                return None
-            waited += settle
-            latest = await self._read()
-            if latest.digest == current.digest and self._watcher.closed.is_set():
-                return latest
-            current = latest
-            if waited >= limit:
-                return self._unsettled(
-                    f"{self.path}: the file kept changing for {waited:g} s (it never stayed the "
-                    f"same for {settle:g} s), so it was not loaded; it is judged once writes to "
-                    "it stop"
-                )
-
-    def _held_open(self, limit: float) -> str:
-        return (
-            f"{self.path}: the file was still open for writing {limit:g} s after it changed "
-            "(its writer never closed it), so it was not loaded; it is judged once its writer "
-            "closes it"
-        )
-
-    def _unsettled(self, message: str) -> ConfigSnapshot:
-        return ConfigSnapshot(str(self.path), None, ConfigError([ConfigProblem("", message)]))
-
-    async def _writer_closed(self, waited: float) -> bool:
-        """Wait while a writer holds the file open after changing it in place (inotify says
-        so; no settle timer runs meanwhile): True once it closed it (at once when none holds
-        it); False when one still does at the end of the ``settle_limit`` budget, of which
-        ``waited`` seconds went on settling already, or when a SIGHUP came first."""
-        closed = self._watcher.closed
-        if closed.is_set():
-            return True
-        remaining = self.options.settle_limit - waited
-        if remaining > 0:
-            await self._wait(remaining, closed, self._signalled)
-        return closed.is_set() and not self._signalled.is_set()
-
-    async def _wait(self, seconds: float, *until: asyncio.Event) -> None:
-        """Sleep ``seconds`` (the injected sleep), or less: until one of ``until`` is set."""
-        sleep = asyncio.ensure_future(self.options.sleep(seconds))
-        waits = [sleep, *(asyncio.ensure_future(event.wait()) for event in until)]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-        if sleep.done() and not sleep.cancelled():
-            sleep.result()  # a failure of the sleep itself is the worker's to log
-
-    async def _read(self) -> ConfigSnapshot:
-        """One read of the config file, in a worker thread, under the deadline; never raises
-        (``refresh()`` and the worker call it outside their guards)."""
-        try:
-            async with asyncio.timeout(self.options.deadline):  # not wait_for: see _judge
-                return await asyncio.to_thread(snapshot_config_file, str(self.path))
-        except TimeoutError:
-            message = (
-                f"cannot read config {self.path}: reading it took longer than "
-                f"{self.options.deadline:g} s"
-            )
-        except Exception as exc:  # e.g. no thread to read in: a rejection, not a crash
-            self._log_failure("config_read_failed", exc, path=str(self.path))
-            message = f"cannot read config {self.path}: {type(exc).__name__}: {exc}"
-        finally:
-            # Counted once the read is over, in the step its caller resumes in: a test that
-            # sees the count knows the caller has acted on it.
-            self.reads += 1
-        return ConfigSnapshot(str(self.path), None, ConfigError([ConfigProblem("", message)]))
+                self._log_failure("config_refresh_failed", exc, trigger=snapshot.trigger)
 
     async def _run(
         self,
-        trigger: Trigger,
+        snapshot: ConfigSnapshot,
         mode: str,
         *,
         force: bool,
-        snapshot: ConfigSnapshot | None = None,
         refuse: str | None = None,
     ) -> RefreshResult | None:
-        """One refresh; ``None`` when not forced and the file's bytes are unchanged."""
-        if snapshot is None:
-            snapshot = await self._read()
-        if not force and snapshot.digest == self._file_digest:
+        """One refresh of ``snapshot``; ``None`` when not forced and its content is what was
+        taken last (a refresh asked for took it while this one waited)."""
+        if not force and self._source.unchanged(snapshot):
             return None
         if mode == "apply":
-            self._file_digest = snapshot.digest
+            self._source.judged(snapshot)
             self._notifier.reloading()
         self.runs += 1
         try:
             result = await self._judge(snapshot, mode, refuse)
         except Exception as exc:  # a bug must not leave RELOADING=1 or kill the caller
-            self._log_failure("config_refresh_failed", exc, trigger=trigger)
+            self._log_failure("config_refresh_failed", exc, trigger=snapshot.trigger)
             reason = (
                 f"the refresh failed with an internal error ({type(exc).__name__}: {exc}); "
                 "nothing was applied and the running config keeps serving"
             )  # (scrubbed by rejected(), like every message)
             result = self._rejected(mode, reason).result
-        record = RefreshRecord(trigger=trigger, at=time.time(), result=result)
+        record = RefreshRecord(trigger=snapshot.trigger, at=time.time(), result=result)
         if mode == "apply":
             self._record(record)
             self._notifier.ready(status_line(self))
@@ -387,6 +355,7 @@ class Supervisor:
                 read_file=None if refuse is not None else read_secret_file,
                 refuse=refuse,
                 source=snapshot.path,
+                running_hash=running_hash,  # known: not hashed again
             )
 
         try:
@@ -410,6 +379,11 @@ class Supervisor:
         """Swap in the live part (in this loop step) and update what is pending."""
         result = outcome.result
         if outcome.running is not self.running:
+            # The classification hashed the config it returns: the hash is taken, not computed
+            # again (before anything is applied, so a classifier without one applies nothing).
+            new_hash = result.config_hash
+            if new_hash is None:
+                raise ValueError("the classification gave no config_hash for its config")
             try:
                 self._apply(outcome.running)
             except Exception as exc:  # an apply failure rejects the whole refresh
@@ -418,7 +392,6 @@ class Supervisor:
                     result.mode, f"applying the live changes failed: {exc}"
                 ).result
             self.running = outcome.running
-            new_hash = config_hash(self.running)
             if new_hash != self.running_hash:
                 self.running_hash = new_hash
                 self.generation += 1
@@ -472,88 +445,35 @@ class Supervisor:
             **fields,
         )
 
-    # -- the file ----------------------------------------------------------------------------
+    # -- views -------------------------------------------------------------------------------
 
     def watch_statistics(self) -> WatchStatistics:
         """The file watch as of now (:mod:`iop_edge.config_watch`)."""
-        return self._watcher.statistics()
+        return self._source.statistics()
 
-    async def _watch(self) -> None:
-        while not self._stop.is_set():
-            try:
-                await self._watch_directory()
-            except Exception as exc:  # e.g. the directory vanished: keep trying, poll meanwhile
-                self._log_failure("config_watch_failed", exc, directory=str(self.path.parent))
-                await asyncio.sleep(1.0)
-
-    async def _watch_directory(self) -> None:
-        """Watch until stopped, or (inotify) until the directory itself went away: then the
-        file is looked at and the caller watches again."""
-        if self._inotify:
-            try:
-                await self._watcher.run_inotify()
-            except InotifyUnavailable as exc:
-                self._inotify = False
-                self._log.info(
-                    "config_watch_fallback",
-                    reason=str(exc),
-                    message="the config file is watched with watchfiles: a file written in "
-                    "place is judged by the settle window alone (no close-write)",
-                )
-            else:
-                self.request("file")  # the directory was deleted or moved
-                return
-        await self._watcher.run_watchfiles(debounce=self.options.debounce, stop=self._stop)
-
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.poll_interval)
-            # A file open for writing is judged when its writer closes it (the close is an
-            # event): reading it meanwhile would only find it half-written.
-            if not self._watcher.closed.is_set():
-                continue
-            if (await self._read()).digest != self._file_digest:
-                self.request("file")
-
-    # -- status ------------------------------------------------------------------------------
+    def statistics(self) -> SupervisorStatistics:
+        """The supervisor as of now (the running config, its last refresh, the counts)."""
+        return SupervisorStatistics(
+            path=str(self.path),
+            watching=self._source.watching,
+            running_hash=self.running_hash,
+            generation=self.generation,
+            loaded_at=self.loaded_at,
+            restart_pending=tuple(self.restart_pending),
+            last=self.last,
+            last_success_at=self.last_success_at,
+            runs=self.runs,
+            reads=self._source.reads,
+        )
 
     def __repr__(self) -> str:
         """The live state, for a debugger or a log line (the same words as ``STATUS=``)."""
         return f"<Supervisor {self.path} {status_line(self)}; {self.runs} refresh(es) run>"
 
-    def status(self) -> dict[str, Any]:
-        """The config part of ``/admin/status``."""
-        return {
-            "path": str(self.path),
-            "watch": self.watching,
-            "hash": self.running_hash,
-            "generation": self.generation,
-            "loaded_at": self.loaded_at,
-            "restart_pending": [
-                {"path": e.path, "old": e.old, "new": e.new} for e in self.restart_pending
-            ],
-            "last_refresh": self.last.to_json() if self.last else None,
-            "last_success_at": self.last_success_at,
-        }
-
 
 def status_line(supervisor: Supervisor) -> str:
     """The one-line status for ``systemctl status`` (``STATUS=``)."""
-    short = supervisor.running_hash[:12]
-    last = supervisor.last
-    if last is not None and last.result.result == "rejected":
-        first = last.result.errors[0] if last.result.errors else None
-        reason = (
-            f"{first.path}: {first.message}"
-            if first and first.path
-            else first.message
-            if first
-            else "rejected"
-        )
-        return f"config {short}; last reload rejected: {reason[:200]}"
-    pending = len(supervisor.restart_pending)
-    tail = f"; {pending} change(s) need a restart" if pending else ""
-    return f"serving config {short} (generation {supervisor.generation}){tail}"
+    return supervisor.statistics().status_line()
 
 
 async def in_daemon_thread(work: Callable[[], RefreshOutcome]) -> RefreshOutcome:

@@ -190,7 +190,7 @@ async def test_reload_watch_false_starts_no_watcher_and_says_so(tmp_path, log_st
         names = {task.get_name() for task in asyncio.all_tasks()}
         assert "refresh-worker" in names
         assert not names & {"config-watch", "config-poll"}
-        assert edge.supervisor.status()["watch"] is False
+        assert edge.supervisor.statistics().as_status()["watch"] is False
         edge.path.write_text(dump(doc_for(capacity=5, reload={"watch": False})))
         edge.supervisor.request("signal")  # what the daemon's SIGHUP handler does
         record = await edge.next_record()
@@ -199,7 +199,7 @@ async def test_reload_watch_false_starts_no_watcher_and_says_so(tmp_path, log_st
     async with edge_on(tmp_path, doc_for()) as edge:
         names = {task.get_name() for task in asyncio.all_tasks()}
         assert {"config-watch", "config-poll"} <= names
-        assert edge.supervisor.status()["watch"] is True
+        assert edge.supervisor.statistics().as_status()["watch"] is True
     listening = [json.loads(line) for line in log_stream.getvalue().splitlines()]
     watched = [e["config_watch"] for e in listening if e["event"] == "listening"]
     assert watched == [False, True]

@@ -86,6 +86,7 @@ from iop_edge.adapters.openai_format import (
     require_chat,
 )
 from iop_edge.errors import AdapterError
+from iop_edge.seams import Clock
 
 __all__ = ["REQUEST_ID_ENV", "CliExecutor", "OutputDecoder", "max_tokens_of", "render_prompt"]
 
@@ -269,13 +270,14 @@ class CliExecutor:
         env: Mapping[str, str],
         output_format: str,
         timeout_ms: int,
+        clock: Clock | None = None,
     ) -> None:
         self._tracker = tracker
         self._label = label
         self._argv = tuple(argv) if argv else None
         self._env = dict(env)
         self._format = output_format
-        self._deadlines = Deadlines(timeout_ms)
+        self._deadlines = Deadlines(timeout_ms, clock)
 
     def _timeout(self, run: CliRun, exchange: Exchange) -> AdapterError:
         return exchange.timeout_error(
@@ -393,7 +395,7 @@ class CliExecutor:
         async def close() -> None:
             run.abort()
             exchange.end()
-            with contextlib.suppress(RuntimeError):  # see upstream_http.relay_lines
+            with contextlib.suppress(RuntimeError):  # see relay.relay_lines
                 await frames.aclose()
             await run.stopped()
 

@@ -1,4 +1,4 @@
-"""The time bounds of upstream exchanges, with one loop timer per bound for all of them.
+"""The time bounds of upstream exchanges, with one timer per bound for all of them.
 
 An :class:`Exchange` is one upstream call of an executor (an HTTP POST and its body, or a CLI
 run) from its start to its end. It is bounded by:
@@ -12,10 +12,14 @@ run) from its start to its end. It is bounded by:
 
 Every exchange that one :class:`Deadlines` starts under one bound has the same timeout, so
 they fall due in the order they joined it: an insertion-ordered dict per bound (per value,
-since a refresh can change the stream bounds of calls to come), and one loop timer armed for
-the oldest. Joining and leaving is a dict insert and delete; the timer fires about once per
+since a refresh can change the stream bounds of calls to come), and one timer armed for the
+oldest. Joining and leaving is a dict insert and delete; the timer fires about once per
 timeout while exchanges keep coming, not once per exchange (a timer per exchange was about
 3 % of a request's CPU).
+
+Time is read from, and the timers armed on, one injected :class:`~iop_edge.seams.Clock` (the
+daemon's; :class:`~iop_edge.clock.MonotonicClock` by default), so a test drives every bound
+with a :class:`~iop_edge.testing.clock.FakeClock` and waits for none.
 
 At a deadline the exchange stops whatever it waits for: an HTTP exchange reading a body has its
 response aborted (which wakes a reader stalled on the network); any other wait — for a
@@ -28,14 +32,18 @@ its task cancelled, and :meth:`Exchange.timed_out` withdraws that cancellation a
 from __future__ import annotations
 
 import asyncio
+import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
+from iop_edge.clock import MonotonicClock
 from iop_edge.errors import AdapterError
 
 if TYPE_CHECKING:
     from iop_edge.adapters.base import StreamBounds
+    from iop_edge.seams import Clock
 
-__all__ = ["Bound", "Deadlines", "Exchange"]
+__all__ = ["Bound", "DeadlineStatistics", "Deadlines", "Exchange"]
 
 Bound = Literal["request", "first_token", "idle"]
 """Which bound of an exchange passed."""
@@ -53,17 +61,19 @@ class _Closable(Protocol):
 
 class _Timer:
     """The exchanges under one bound of one length, due in the order they joined, with one
-    loop timer armed for the oldest."""
+    timer of the clock armed for the oldest."""
 
-    __slots__ = ("_armed", "_live", "bound", "ms", "seconds")
+    __slots__ = ("_armed", "_live", "bound", "clock", "ms", "seconds")
 
-    def __init__(self, bound: Bound, ms: int) -> None:
+    def __init__(self, bound: Bound, ms: int, clock: Clock) -> None:
         self.bound: Bound = bound
         self.ms = ms
         self.seconds = ms / 1000
+        self.clock = clock
         self._live: dict[Exchange, float] = {}
-        #: the loop whose timer is armed (None: none is); a loop that closed with the timer
-        #: armed (a test's) does not keep a later loop's exchanges from expiring
+        #: the loop in which the timer is armed (None: none is); a loop that closed with the
+        #: timer armed (a test's) does not keep a later loop's exchanges from expiring, and a
+        #: timer armed in it that still fires (a fake clock's) does nothing
         self._armed: asyncio.AbstractEventLoop | None = None
 
     def add(self, exchange: Exchange, loop: asyncio.AbstractEventLoop, now: float) -> None:
@@ -71,7 +81,7 @@ class _Timer:
         self._live[exchange] = due
         if self._armed is not loop:
             self._armed = loop
-            loop.call_at(due, self._fire, loop)
+            self.clock.call_at(due, functools.partial(self._fire, loop))
 
     def discard(self, exchange: Exchange) -> None:
         self._live.pop(exchange, None)
@@ -79,14 +89,20 @@ class _Timer:
     def __len__(self) -> int:
         return len(self._live)
 
+    def exchanges(self) -> list[Exchange]:
+        """The exchanges under this bound, oldest first."""
+        return list(self._live)
+
     def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
+        if self._armed is not loop:
+            return  # armed in a loop since closed: a later loop's timer serves
+        now = self.clock.now()
         live = self._live
         while live:
             oldest = next(iter(live))
             due = live[oldest]
             if due > now:
-                loop.call_at(due, self._fire, loop)
+                self.clock.call_at(due, functools.partial(self._fire, loop))
                 return
             del live[oldest]
             oldest.expire(self)
@@ -166,8 +182,7 @@ class Exchange:
         self.writing = False
         idle = self._idle
         if idle is not None:
-            loop = asyncio.get_running_loop()
-            idle.add(self, loop, loop.time())
+            idle.add(self, asyncio.get_running_loop(), idle.clock.now())
 
     def end(self) -> None:
         """The exchange is over (finished or failed): forget it; idempotent."""
@@ -209,15 +224,29 @@ class Exchange:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class DeadlineStatistics:
+    """A snapshot of one :class:`Deadlines` (read at call time, kept nowhere)."""
+
+    in_flight: int
+    """Exchanges started and not ended."""
+    answered: int
+    """Of those, HTTP exchanges whose response head came (reading or relaying its body)."""
+    writing: int
+    """Of those, exchanges whose frames wait for the client to take them."""
+
+
 class Deadlines:
-    """The exchanges of one executor in flight, with one loop timer per bound (see the module
-    docstring)."""
+    """The exchanges of one executor in flight, with one timer per bound on ``clock`` (see the
+    module docstring)."""
 
-    __slots__ = ("_bounds", "_request", "seconds")
+    __slots__ = ("_bounds", "_clock", "_request", "seconds", "timeout_ms")
 
-    def __init__(self, timeout_ms: int) -> None:
+    def __init__(self, timeout_ms: int, clock: Clock | None = None) -> None:
+        self.timeout_ms = timeout_ms
         self.seconds = timeout_ms / 1000
-        self._request = _Timer("request", timeout_ms)
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._request = _Timer("request", timeout_ms, self._clock)
         #: the stream bounds met so far, by bound and length
         self._bounds: dict[tuple[Bound, int], _Timer] = {}
 
@@ -225,7 +254,7 @@ class Deadlines:
         """A new exchange of the current task, due ``seconds`` from now, and under the
         ``bounds`` of a stream when given."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = self._clock.now()
         first = idle = None
         if bounds is not None:
             if bounds.first_token_ms is not None:
@@ -242,9 +271,19 @@ class Deadlines:
     def _timer(self, bound: Bound, ms: int) -> _Timer:
         timer = self._bounds.get((bound, ms))
         if timer is None:
-            timer = self._bounds[bound, ms] = _Timer(bound, ms)
+            timer = self._bounds[bound, ms] = _Timer(bound, ms, self._clock)
         return timer
 
     def __len__(self) -> int:
         """Exchanges in flight."""
         return len(self._request)
+
+    def statistics(self) -> DeadlineStatistics:
+        """The exchanges in flight as of now (one pass over them: for tests and debugging,
+        not the request path)."""
+        live = self._request.exchanges()
+        return DeadlineStatistics(
+            in_flight=len(live),
+            answered=sum(1 for e in live if e.response is not None),
+            writing=sum(1 for e in live if e.writing),
+        )

@@ -76,12 +76,12 @@ from iop_edge.adapters.openai_format import (
     message_text,
     require_chat,
 )
+from iop_edge.adapters.relay import relay_lines
 from iop_edge.adapters.upstream_http import (
     HttpBackend,
     HttpTarget,
     post_for_body,
     post_for_stream,
-    relay_lines,
     upstream_error,
 )
 
@@ -376,7 +376,7 @@ class OllamaExecutor:
 
 class _ChatLines:
     """Ollama's NDJSON stream lines as ``chat.completion.chunk`` frames; a
-    :class:`~iop_edge.adapters.upstream_http.LineTranslator`."""
+    :class:`~iop_edge.adapters.relay.LineTranslator`."""
 
     __slots__ = (
         "_calls",

@@ -45,6 +45,7 @@ from iop_edge.adapters.base import (
     Usage,
 )
 from iop_edge.adapters.openai_format import DONE_FRAME, dumps, read_usage
+from iop_edge.adapters.relay import relay_lines
 from iop_edge.adapters.upstream_http import (
     HttpBackend,
     HttpTarget,
@@ -52,7 +53,6 @@ from iop_edge.adapters.upstream_http import (
     post_for_body,
     post_for_stream,
     redact_url,
-    relay_lines,
     upstream_error,
 )
 from iop_edge.errors import AdapterError
@@ -180,7 +180,7 @@ def _run_end(read: bytes, pos: int) -> int:
 
 class _SseEvents:
     """The upstream's SSE events as ``data:`` frames, checked one by one, with the usage
-    captured (and hidden when ours); a :class:`~iop_edge.adapters.upstream_http.LineTranslator`."""
+    captured (and hidden when ours); a :class:`~iop_edge.adapters.relay.LineTranslator`."""
 
     __slots__ = (
         "_data",

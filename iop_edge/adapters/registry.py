@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Literal
 from iop_edge.adapters.base import DEFAULT_REQUEST_TIMEOUT_MS, Backend, Executor
 from iop_edge.adapters.cli import CliExecutor
 from iop_edge.adapters.cli_process import CliTracker, minimal_env
+from iop_edge.adapters.deadlines import Deadlines
 from iop_edge.adapters.ollama import OllamaExecutor
 from iop_edge.adapters.openai_compat import OpenAICompatExecutor
 from iop_edge.adapters.upstream_http import HttpBackend, HttpTarget, probe, static_headers
 from iop_edge.config.payload import NodeConfigPayload, node_payload
-from iop_edge.seams import ProbeResult
+from iop_edge.seams import Clock, ProbeResult
 
 if TYPE_CHECKING:
     from iop_edge.config.schema import AdapterType, EdgeConfig, ExecutionFields
@@ -45,9 +46,14 @@ def request_timeout_ms(execution: ExecutionFields) -> int:
 
 
 def build_executor(
-    kind: AdapterType, backend: Backend, execution: ExecutionFields, label: str
+    kind: AdapterType,
+    backend: Backend,
+    execution: ExecutionFields,
+    label: str,
+    clock: Clock | None = None,
 ) -> Executor:
-    """The executor of one provider (or adapter instance) of runtime type ``kind``."""
+    """The executor of one provider (or adapter instance) of runtime type ``kind``, its
+    deadlines on ``clock`` (the loop's when None)."""
     timeout_ms = request_timeout_ms(execution)
     if kind == "cli":
         assert isinstance(backend, CliTracker)
@@ -60,21 +66,25 @@ def build_executor(
             minimal_env(execution.env),
             execution.output_format or "text",
             timeout_ms,
+            clock,
         )
     assert isinstance(backend, HttpBackend)
-    target = http_target(kind, execution, label)
+    target = http_target(kind, execution, label, clock)
     if kind == "ollama":
         return OllamaExecutor(backend, target, execution.context_size)
     return OpenAICompatExecutor(backend, target, execution.endpoint)
 
 
-def http_target(kind: AdapterType, execution: ExecutionFields, label: str) -> HttpTarget:
+def http_target(
+    kind: AdapterType, execution: ExecutionFields, label: str, clock: Clock | None = None
+) -> HttpTarget:
     """Where an HTTP executor (or a health check) of runtime type ``kind`` sends requests."""
     return HttpTarget(
         label=f"{kind} {label}",
         base_url=execution.base_url,
         headers=static_headers(execution.headers),
         timeout_ms=request_timeout_ms(execution),
+        clock=clock,
     )
 
 
@@ -122,9 +132,10 @@ class AdapterSet:
         self._probes = dict(probes or {})
 
     @classmethod
-    def from_payload(cls, payload: NodeConfigPayload) -> AdapterSet:
-        """Build the executors of ``payload``'s node; no I/O happens until the first call."""
-        return _build(payload)
+    def from_payload(cls, payload: NodeConfigPayload, clock: Clock | None = None) -> AdapterSet:
+        """Build the executors of ``payload``'s node, their deadlines and health checks bounded
+        on ``clock`` (the loop's when None); no I/O happens until the first call."""
+        return _build(payload, clock)
 
     def for_provider(self, provider_id: str) -> Executor:
         """The executor of an enabled provider of this node; :class:`KeyError` otherwise."""
@@ -182,7 +193,7 @@ class AdapterSet:
             await backend.aclose()
 
 
-def _build(payload: NodeConfigPayload) -> AdapterSet:
+def _build(payload: NodeConfigPayload, clock: Clock | None) -> AdapterSet:
     """All executors of ``payload``'s node (see :class:`AdapterSet`)."""
     backends: dict[str, Backend] = {}
     kinds: dict[str, AdapterType] = {}
@@ -196,7 +207,7 @@ def _build(payload: NodeConfigPayload) -> AdapterSet:
         backends[adapter.name] = backend
         kinds[adapter.name] = adapter.type
         by_adapter[adapter.name] = build_executor(
-            adapter.type, backend, adapter.execution, f"adapter {adapter.name!r}"
+            adapter.type, backend, adapter.execution, f"adapter {adapter.name!r}", clock
         )
     by_provider: dict[str, Executor] = {}
     probes: dict[str, Probe] = {}
@@ -209,12 +220,14 @@ def _build(payload: NodeConfigPayload) -> AdapterSet:
             continue
         label = f"provider {provider.id!r} (adapter {name!r})"
         backend = backends[name]
-        by_provider[provider.id] = build_executor(provider.type, backend, provider.execution, label)
+        by_provider[provider.id] = build_executor(
+            provider.type, backend, provider.execution, label, clock
+        )
         check = provider.health_check
         if check is not False and isinstance(backend, HttpBackend):
-            target = http_target(provider.type, provider.execution, label)
+            target = http_target(provider.type, provider.execution, label, clock)
             probes[provider.id] = functools.partial(
-                probe, backend, target, check.path, check.timeout_ms
+                probe, backend, target, check.path, Deadlines(check.timeout_ms, clock)
             )
     return AdapterSet(payload.node_id, backends, by_provider, by_adapter, probes)
 
@@ -227,10 +240,11 @@ class NodeAdapters:
         self._sets = dict(sets)
 
     @classmethod
-    def from_config(cls, config: EdgeConfig) -> NodeAdapters:
-        """Build each node's adapters from its :class:`NodeConfigPayload` alone."""
+    def from_config(cls, config: EdgeConfig, clock: Clock | None = None) -> NodeAdapters:
+        """Build each node's adapters from its :class:`NodeConfigPayload` alone, their
+        deadlines on ``clock`` (the loop's when None)."""
         return cls(
-            {n.id: AdapterSet.from_payload(node_payload(config, n.id)) for n in config.nodes}
+            {n.id: AdapterSet.from_payload(node_payload(config, n.id), clock) for n in config.nodes}
         )
 
     def provider(self, node_id: str, provider_id: str) -> Executor:

@@ -7,10 +7,10 @@
 - :func:`read_capped`, :func:`not_an_answer`: reading bodies within
   size caps; :func:`upstream_error` maps the third-party exceptions met on the way to
   :class:`~iop_edge.errors.AdapterError` (the adapters raise it once, ``from exc``).
-- :func:`post_for_body`, :func:`post_for_stream`: one POST, bounded by the call's deadline.
-- :func:`relay_lines`: the one stream relay (batching, the :class:`Exchange`'s bounds,
-  failure mapping, release vs close); each adapter gives only a :class:`LineTranslator`.
-  Deadlines and exchanges live in :mod:`iop_edge.adapters.deadlines`.
+- :func:`post_for_body`, :func:`post_for_stream`: one POST, bounded by the call's deadline;
+  :func:`probe`, one health check, bounded by its own.
+- Deadlines and exchanges live in :mod:`iop_edge.adapters.deadlines`; the one stream relay
+  (:func:`~iop_edge.adapters.relay.relay_lines`) in :mod:`iop_edge.adapters.relay`.
 
 Statuses: 200 is an answer; 400–599 is the upstream's own error, relayed with its status in
 an OpenAI envelope (an upstream's OpenAI envelope as is; any other body — an HTML page from a
@@ -30,9 +30,9 @@ import contextlib
 import email.utils
 import functools
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -41,37 +41,32 @@ from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from iop_edge.adapters.base import StreamBounds, UpstreamReply, UpstreamStream, Usage
+from iop_edge.adapters.base import StreamBounds, UpstreamReply, Usage
 from iop_edge.adapters.deadlines import Deadlines, Exchange
 from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError, FailureKind
-from iop_edge.seams import ProbeResult
+from iop_edge.seams import Clock, ProbeResult
 
 __all__ = [
-    "MAX_FRAME_BYTES",
     "MAX_RESPONSE_BYTES",
     "Deadlines",
     "Exchange",
     "HttpBackend",
     "HttpTarget",
-    "LineTranslator",
     "ResponseTooLarge",
     "connection_closed",
+    "connection_protocol",
     "exchange_failure",
     "not_an_answer",
     "probe",
     "read_capped",
     "redact_url",
-    "relay_lines",
     "static_headers",
     "upstream_error",
 ]
 
 MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 """Cap on a non-streaming upstream body (and an error body: only its first 64 KiB is kept)."""
-
-MAX_FRAME_BYTES: Final = 4 * 1024 * 1024
-"""Cap on one line of an upstream stream (an SSE line or an NDJSON object)."""
 
 _MAX_ERROR_BODY: Final = 64 * 1024
 _MAX_ERROR_DETAIL: Final = 500
@@ -147,11 +142,13 @@ class HttpTarget:
     base_url: str | None
     headers: CIMultiDictProxy[str]
     timeout_ms: int
+    clock: Clock | None = field(default=None, repr=False, compare=False)
+    """The clock of the deadlines (the daemon's; the loop's when None)."""
     deadlines: Deadlines = field(init=False, repr=False, compare=False)
     """Bounds each exchange by ``timeout_ms``."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "deadlines", Deadlines(self.timeout_ms))
+        object.__setattr__(self, "deadlines", Deadlines(self.timeout_ms, self.clock))
 
     def url(self, path: str) -> str:
         """``base_url`` joined with ``path``, or a clear error when no base_url is configured."""
@@ -273,7 +270,9 @@ async def _closed_before_head() -> None:
     await asyncio.sleep(0)
 
 
-def _protocol(response: aiohttp.ClientResponse) -> Any:
+def connection_protocol(response: aiohttp.ClientResponse) -> Any:
+    """The protocol of ``response``'s connection (to wait on with :func:`connection_closed`
+    once the response is closed), or None when it has none."""
     connection = response.connection
     return connection.protocol if connection is not None else None
 
@@ -295,10 +294,6 @@ async def read_capped(response: aiohttp.ClientResponse, limit: int = MAX_RESPONS
 
 #: How long an abandoned exchange waits for its connection's socket to close.
 _CLOSE_WAIT_SECONDS: Final = 2.0
-
-#: Frames that arrived together are relayed in one write up to this size: a burst of small
-#: frames costs one system call, while a slow client still pushes back within about one frame.
-MAX_BATCH_BYTES: Final = 16 * 1024
 
 
 async def error_reply(response: aiohttp.ClientResponse, label: str) -> UpstreamReply:
@@ -385,28 +380,38 @@ async def read_capped_prefix(response: aiohttp.ClientResponse, limit: int) -> by
 
 
 async def probe(
-    backend: HttpBackend, target: HttpTarget, path: str, timeout_ms: int
+    backend: HttpBackend, target: HttpTarget, path: str, deadlines: Deadlines
 ) -> ProbeResult:
     """One health check: ``GET {base_url}{path}`` with the target's configured headers;
-    healthy on a 2xx answer within ``timeout_ms``. Never raises (but for a cancellation)."""
+    healthy on a 2xx answer within the ``deadlines``' timeout (the check's ``timeout_ms``).
+    Never raises (but for a cancellation)."""
     url = target.url(path.lstrip("/"))
     where = f"{target.label}: the health check GET {redact_url(url)}"
+    late = f"{where} did not answer within {deadlines.timeout_ms} ms"
+    exchange = deadlines.start()
+    response: aiohttp.ClientResponse | None = None
     try:
-        async with asyncio.timeout(timeout_ms / 1000):
-            response = await backend.session().get(
-                parsed_url(url), headers=target.headers, allow_redirects=False
-            )
-            try:
-                status = response.status
-                await read_capped_prefix(response, _MAX_PROBE_BODY)
-            finally:
-                response.close()
-    except TimeoutError:
-        return False, f"{where} did not answer within {timeout_ms} ms"
+        response = exchange.response = await backend.session().get(
+            parsed_url(url), headers=target.headers, allow_redirects=False
+        )
+        status = response.status
+        await read_capped_prefix(response, _MAX_PROBE_BODY)
+    except asyncio.CancelledError:
+        if exchange.timed_out():
+            return False, late
+        raise
     except AdapterError as exc:
         return False, str(exc)
     except (aiohttp.ClientError, OSError) as exc:
+        if exchange.expired is not None:  # the deadline closed the response under the read
+            return False, late
         return False, str(upstream_error(target, url, exc, answered=False, method="GET"))
+    finally:
+        exchange.end()
+        if response is not None:
+            response.close()
+    if exchange.expired is not None:  # (a body cut by the deadline may read as its end)
+        return False, late
     if 200 <= status < 300:
         return True, None
     return False, f"{where} answered HTTP {status}"
@@ -472,7 +477,7 @@ async def post_for_body(
             if finished:
                 response.release()
             else:
-                protocol = _protocol(response)
+                protocol = connection_protocol(response)
                 response.close()
                 await connection_closed(protocol)
         else:
@@ -504,7 +509,7 @@ async def post_for_stream(
     except BaseException as exc:
         exchange.end()
         if response is not None:
-            protocol = _protocol(response)
+            protocol = connection_protocol(response)
             response.close()
             await connection_closed(protocol)
         else:
@@ -515,157 +520,3 @@ async def post_for_stream(
             raise exchange_failure(exchange, target, url, exc) from exc
         raise
     return response, exchange
-
-
-class LineTranslator(Protocol):
-    """One upstream stream format (SSE, NDJSON): turns its lines into the client's frames.
-
-    :func:`relay_lines` owns everything else — batching, the deadline, failure mapping, and
-    releasing or closing the connection — so an adapter gives only this.
-
-    A translator may also have ``translate_read(read: bytes, frames: list[bytes]) -> None``,
-    which appends the frames of a network read's whole lines (``read`` ends in ``\\n``) at
-    once, stopping at the line that sets :attr:`done` (the SSE translator relays runs of
-    ordinary events that way); a read is then one write, however large.
-    """
-
-    done: bool
-    """Set by :meth:`translate` on the line that ends the answer; nothing is read after it."""
-
-    unfinished: str
-    """The reason in the ``upstream_error`` when the body ends before :attr:`done`."""
-
-    def translate(self, line: bytes) -> bytes:
-        """The frames (possibly ``b""``) for one line of the body, without its ``\\n`` (a
-        ``\\r`` stays). Raises for a line that breaks the protocol (an AdapterError is raised
-        as is)."""
-        ...
-
-
-def relay_lines(
-    response: aiohttp.ClientResponse,
-    target: HttpTarget,
-    url: str,
-    exchange: Exchange,
-    translator: LineTranslator,
-    usage: Usage,
-    first: bytes = b"",
-) -> UpstreamStream:
-    """Relay the 200 ``response`` of a streamed POST through ``translator`` as an
-    :class:`UpstreamStream` whose frames start with ``first`` (an adapter's own opening frame,
-    sent with the upstream's first frames, never alone); ``usage`` is the object the
-    translator fills. See :func:`_relay` for the rules."""
-    frames = _relay(response, target, url, exchange, translator, first)
-    protocol = _protocol(response)
-
-    async def close() -> None:
-        exchange.end()
-        response.close()
-        # Runs the generator's cleanup if it is suspended; one running in another task fails
-        # on its own now that the connection is closed.
-        with contextlib.suppress(RuntimeError):
-            await frames.aclose()
-        if not translator.done:  # (a stream read to its end went back to the pool)
-            await connection_closed(protocol)
-
-    return UpstreamStream(
-        status=200, frames=frames, usage=usage, closer=close, timed_out=exchange.timed_out
-    )
-
-
-async def _relay(
-    response: aiohttp.ClientResponse,
-    target: HttpTarget,
-    url: str,
-    exchange: Exchange,
-    translator: LineTranslator,
-    first: bytes,
-) -> AsyncGenerator[bytes, None]:
-    """The frames of a streamed answer, line by line through ``translator``.
-
-    - Each read from the network is split into its whole lines at once (the rest waits for the
-      next read; one line is capped at :data:`MAX_FRAME_BYTES`), and the frames translated from
-      them are yielded as one write, cut at :data:`MAX_BATCH_BYTES` (a write per event was most
-      of a streamed request's CPU, and an ``await`` per line a tenth of it).
-    - ``exchange`` (from :func:`post_for_stream`) bounds it all, and ends with it: the first
-      write meets the first-token bound; the idle bound counts each wait for the network, not
-      the time a write waits for the client.
-    - A failure yields what was translated before it (it is still the client's; ``first``
-      alone is not), then raises the mapped :class:`~iop_edge.errors.AdapterError` (the
-      timeout of the bound that passed, once one has); an end before
-      :attr:`LineTranslator.done` is such a failure. Nothing marks the answer finished then:
-      the translator's ending frames come only with :attr:`LineTranslator.done`.
-    - A stream read to its end goes back to the pool; anything else closes the connection.
-    """
-    ready: list[bytes] = [first] if first else []  # translated, not yet yielded
-    held = len(ready)  # ``first``, which waits for the upstream's first frames
-    size = len(first)
-    content = response.content
-    partial = b""  # the start of a line whose end has not arrived
-    translate = translator.translate
-    translate_read = getattr(translator, "translate_read", None)
-    try:
-        while True:
-            if len(ready) > held:
-                exchange.yielding()
-                yield b"".join(ready)  # then wait for the network
-                exchange.waiting()
-                ready.clear()
-                size = held = 0
-            chunk = await content.readany()
-            if not chunk:
-                if partial:  # the last line, without its newline
-                    frame = translate(partial)
-                    if frame:
-                        ready.append(frame)
-                    if translator.done:
-                        exchange.yielding()
-                        yield b"".join(ready)
-                        return
-                raise target.broken(url, translator.unfinished)
-            if partial:
-                chunk = partial + chunk
-            end = chunk.rfind(b"\n") + 1
-            partial = chunk[end:]
-            if len(partial) > MAX_FRAME_BYTES:
-                raise ResponseTooLarge(
-                    f"a line of the stream exceeds the {MAX_FRAME_BYTES}-byte limit"
-                )
-            if not end:
-                continue
-            whole = chunk[:end]
-            if translate_read is not None:
-                translate_read(whole, ready)
-                if translator.done:
-                    exchange.yielding()
-                    yield b"".join(ready)
-                    return
-                continue
-            lines = whole.split(b"\n")
-            lines.pop()  # (the empty rest after the last newline)
-            for line in lines:
-                frame = translate(line)
-                if frame:
-                    ready.append(frame)
-                    size += len(frame)
-                    if size >= MAX_BATCH_BYTES:
-                        exchange.yielding()
-                        yield b"".join(ready)
-                        exchange.waiting()
-                        ready.clear()
-                        size = held = 0
-                if translator.done:
-                    exchange.yielding()
-                    yield b"".join(ready)
-                    return
-    except Exception as exc:
-        if len(ready) > held:
-            exchange.yielding()
-            yield b"".join(ready)
-        failure = exchange_failure(exchange, target, url, exc)
-        if failure is exc:
-            raise
-        raise failure from exc
-    finally:
-        exchange.end()
-        (response.release if translator.done else response.close)()

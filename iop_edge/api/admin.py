@@ -131,7 +131,7 @@ class AdminAPI:
         return {
             "edge": self.edge_id,
             "pid": os.getpid(),
-            "config": self.supervisor.status(),
+            "config": self.supervisor.statistics().as_status(),
             "queue": {
                 "depth": stats.queue_depth,
                 "max_queue": stats.max_queue,

@@ -362,6 +362,7 @@ def refresh(
     read_file: FileReader | None = None,
     refuse: str | None = None,
     source: str = "edge.yaml",
+    running_hash: str | None = None,
 ) -> RefreshOutcome:
     """Classify ``candidate`` (an effective config, or YAML text) against ``running``.
 
@@ -373,8 +374,12 @@ def refresh(
     No value either config took from the environment or a file (their provenance) appears
     in the result, whatever field it is in: report values, paths, ids and messages are
     scrubbed (:mod:`iop_edge.config.provenance`).
+
+    ``running_hash`` is ``running``'s :func:`config_hash` when the caller knows it (the
+    supervisor does: it is not computed again); the result's ``config_hash`` is the hash of the
+    config to run after it, computed once here.
     """
-    running_hash = config_hash(running)
+    running_hash = running_hash or config_hash(running)
     if mode not in MODES:
         error = ConfigProblem("mode", f"{mode!r} is not a refresh mode; use dry_run or apply")
         return rejected(running, mode, [error], running_hash)

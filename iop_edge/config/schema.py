@@ -32,7 +32,7 @@ from pydantic import (
 
 from iop_edge.config.address import ListenAddress
 from iop_edge.config.provenance import NO_PROVENANCE, Provenance
-from iop_edge.pool.policy import RETRY_CLASSES, RetryClass
+from iop_edge.errors import RETRY_CLASSES, RetryClass
 
 # --- field validators -----------------------------------------------------------------------
 

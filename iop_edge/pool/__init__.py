@@ -4,7 +4,7 @@ Nothing here does I/O, awaits, or reads a clock: :class:`PoolScheduler` takes ``
 returns decisions; :mod:`iop_edge.admission` is the asyncio shell around it.
 """
 
-from iop_edge.errors import FailureKind
+from iop_edge.errors import RETRY_CLASSES, FailureKind, RetryClass
 from iop_edge.pool.decisions import (
     Decision,
     Dispatch,
@@ -26,12 +26,10 @@ from iop_edge.pool.fair import (
 )
 from iop_edge.pool.health import OK, Failure, Health, HealthEvent, Outcome
 from iop_edge.pool.policy import (
-    RETRY_CLASSES,
     HealthPolicy,
     PoolPolicy,
     ProviderKey,
     ProviderPolicy,
-    RetryClass,
     may_retry,
 )
 from iop_edge.pool.scheduler import PROBE, Notice, PoolScheduler

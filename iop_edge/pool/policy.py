@@ -13,20 +13,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Literal
 
-from iop_edge.errors import FailureKind
+from iop_edge.errors import RETRY_CLASSES, FailureKind, RetryClass
 
 ProviderKey = tuple[str, str]
 """A provider resource: ``(node_id, provider_id)``. Slots belong to this key."""
-
-RetryClass = Literal["connect", "timeout_before_head", "5xx"]
-"""A class of failures before the response head that a provider's ``retry_on`` may fail over:
-``connect`` — never sent; ``timeout_before_head`` — sent, and no response head in time (or the
-connection dropped before it); ``5xx`` — an answered 500/502/503/504, or a cli that exited
-non-zero before any output."""
-
-RETRY_CLASSES: Final[tuple[RetryClass, ...]] = ("connect", "timeout_before_head", "5xx")
-"""Every retry class: the default ``retry_on`` of an HTTP provider (an LLM call is safe to
-repeat); a ``cli`` provider's is ``connect`` alone (an agent's side effects are not)."""
 
 RETRY_CLASS_OF: Final[Mapping[FailureKind, RetryClass | None]] = MappingProxyType(
     {

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from iop_edge.adapters import AdapterSet
+from iop_edge.seams import Clock
 from tests.helpers.adapters import build_set
 
 
@@ -20,8 +21,10 @@ async def sets() -> AsyncIterator[Callable[..., AdapterSet]]:
     """Build AdapterSets that are closed (connections, process groups) after the test."""
     built: list[AdapterSet] = []
 
-    def make(adapters: list[dict[str, Any]], providers: list[dict[str, Any]]) -> AdapterSet:
-        adapter_set = build_set(adapters, providers)
+    def make(
+        adapters: list[dict[str, Any]], providers: list[dict[str, Any]], clock: Clock | None = None
+    ) -> AdapterSet:
+        adapter_set = build_set(adapters, providers, clock)
         built.append(adapter_set)
         return adapter_set
 

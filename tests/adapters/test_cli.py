@@ -26,7 +26,8 @@ from iop_edge.adapters.cli_process import MAX_OUTPUT_BYTES, STDERR_TAIL_BYTES
 from iop_edge.config import load_config
 from iop_edge.config.payload import node_payload
 from iop_edge.errors import AdapterError
-from tests.helpers import FAKE_CLI, wait_for
+from iop_edge.testing.clock import FakeClock
+from tests.helpers import FAKE_CLI, pass_deadline, wait_for
 from tests.helpers.adapters import (
     chat,
     collect,
@@ -65,9 +66,11 @@ def cli_set(
     *,
     command: str | None = None,
     output_format: str = "text",
+    clock: FakeClock | None = None,
     **provider: Any,
 ) -> Executor:
-    """A cli provider running ``command`` + ``args`` (default: the fake agent + ``args``)."""
+    """A cli provider running ``command`` + ``args`` (default: the fake agent + ``args``),
+    its deadlines on ``clock`` (the loop's when None)."""
     full_args = args if command is not None else [*FAKE_CLI[1:], *args]
     command = command or FAKE_CLI[0]
     adapter_set = sets(
@@ -81,6 +84,7 @@ def cli_set(
             }
         ],
         [{"id": "c1", "type": "cli", "adapter": "shell", **provider}],
+        clock,
     )
     return adapter_set.for_provider("c1")
 
@@ -389,9 +393,16 @@ async def test_a_hang_times_out_and_the_whole_group_is_killed(
     sets: SetFactory, tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "child.pid"
-    executor = cli_set(sets, ["--spawn-child", "--pid-file", str(pid_file)], request_timeout_ms=500)
+    clock = FakeClock()
+    executor = cli_set(
+        sets, ["--spawn-child", "--pid-file", str(pid_file)], clock=clock, request_timeout_ms=500
+    )
+    # once the agent has forked its child (then it hangs)
+    spawned = lambda: pid_file.exists() and pid_file.read_text().endswith("\n")  # noqa: E731
+    deadline = asyncio.create_task(pass_deadline(clock, 0.5, spawned))
     with pytest.raises(AdapterError) as caught:
         await executor.complete(chat("[[fake-cli: --hang]]"))
+    await deadline
     assert caught.value.code == "upstream_timeout"
     assert caught.value.status == 504
     assert "request_timeout_ms=500" in str(caught.value)
@@ -404,16 +415,20 @@ async def test_a_stalled_stream_times_out_and_the_whole_group_is_killed(
     sets: SetFactory, tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "child.pid"
+    clock = FakeClock()
     executor = cli_set(
         sets,
         ["--spawn-child", "--pid-file", str(pid_file), "--hang-after", "1"],
+        clock=clock,
         request_timeout_ms=500,
     )
     stream = await executor.open_stream(chat("one two", stream=True))
     child = int(pid_file.read_text())  # written before the first output we already saw
     pgid = os.getpgid(child)
+    deadline = asyncio.create_task(pass_deadline(clock, 0.5))
     with pytest.raises(AdapterError) as caught:
         await collect(stream)
+    await deadline
     assert caught.value.code == "upstream_timeout"
     await wait_gone(child)
     await wait_gone(pgid)

@@ -19,9 +19,11 @@ from iop_edge.adapters import (
     UpstreamStream,
 )
 from iop_edge.errors import AdapterError
+from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior, Fault
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_upstream import fake_embedding
+from tests.helpers import pass_deadline
 from tests.helpers.adapters import (
     chat,
     collect,
@@ -42,10 +44,13 @@ async def fake() -> AsyncIterator[FakeOllama]:
         yield server
 
 
-def ollama_set(sets: SetFactory, base_url: str, **provider: Any) -> AdapterSet:
+def ollama_set(
+    sets: SetFactory, base_url: str, clock: FakeClock | None = None, **provider: Any
+) -> AdapterSet:
     return sets(
         [{"name": "local", "type": "ollama", "base_url": base_url}],
         [{"id": "o1", "type": "ollama", "adapter": "local", **provider}],
+        clock,
     )
 
 
@@ -272,11 +277,14 @@ async def test_connection_refused_is_an_upstream_error(sets: SetFactory) -> None
 async def test_a_stall_times_out_and_cancellation_aborts_upstream(
     sets: SetFactory, fake: FakeOllama
 ) -> None:
-    executor = ollama_set(sets, fake.base_url, request_timeout_ms=300).for_provider("o1")
+    clock = FakeClock()
+    executor = ollama_set(sets, fake.base_url, clock, request_timeout_ms=300).for_provider("o1")
     fake.enqueue(FakeBehavior(fault="stall", fault_after=1))
     stream = await executor.open_stream(chat(target="fake-model", stream=True))
+    deadline = asyncio.create_task(pass_deadline(clock, 0.3))
     with pytest.raises(AdapterError) as caught:
         await collect(stream)
+    await deadline
     assert caught.value.code == "upstream_timeout"
     assert caught.value.status == 504
     async with asyncio.timeout(5):

@@ -14,11 +14,13 @@ from multidict import CIMultiDictProxy
 
 from iop_edge.adapters import AdapterSet, Executor, UpstreamCall, UpstreamReply, UpstreamStream
 from iop_edge.adapters.openai_compat import with_model
-from iop_edge.adapters.upstream_http import MAX_FRAME_BYTES
+from iop_edge.adapters.relay import MAX_FRAME_BYTES
 from iop_edge.errors import AdapterError
+from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior, Fault
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.testing.fake_upstream import fake_embedding
+from tests.helpers import pass_deadline
 from tests.helpers.adapters import (
     chat,
     collect,
@@ -40,10 +42,13 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
         yield server
 
 
-def provider_set(sets: SetFactory, base_url: str, **provider: Any) -> AdapterSet:
+def provider_set(
+    sets: SetFactory, base_url: str, clock: FakeClock | None = None, **provider: Any
+) -> AdapterSet:
     return sets(
         [{"name": "api", "type": "openai_compat", "base_url": base_url}],
         [{"id": "p1", "type": "openai_compat", "adapter": "api", **provider}],
+        clock,
     )
 
 
@@ -351,7 +356,8 @@ async def test_an_endless_line_is_capped(sets: SetFactory) -> None:
 async def test_a_stall_mid_stream_times_out_and_the_upstream_sees_the_abort(
     sets: SetFactory, fake: FakeOpenAI
 ) -> None:
-    executor = provider_set(sets, fake.base_url, request_timeout_ms=300).for_provider("p1")
+    clock = FakeClock()
+    executor = provider_set(sets, fake.base_url, clock, request_timeout_ms=300).for_provider("p1")
     fake.enqueue(FakeBehavior(fault="stall", fault_after=1))
     stream = await executor.open_stream(chat(stream=True))
     assert isinstance(stream, UpstreamStream)
@@ -359,8 +365,10 @@ async def test_a_stall_mid_stream_times_out_and_the_upstream_sees_the_abort(
     async with stream:
         first = await anext(frames)
         assert b'"role":"assistant"' in first
+        deadline = asyncio.create_task(pass_deadline(clock, 0.3))  # mid-stream
         with pytest.raises(AdapterError) as caught:
             await anext(frames)
+        await deadline
     assert caught.value.code == "upstream_timeout"
     assert caught.value.status == 504
     assert "request_timeout_ms=300" in str(caught.value)
@@ -371,11 +379,17 @@ async def test_a_stall_mid_stream_times_out_and_the_upstream_sees_the_abort(
 async def test_a_slow_answer_times_out_before_the_response(
     sets: SetFactory, fake: FakeOpenAI
 ) -> None:
-    executor = provider_set(sets, fake.base_url, request_timeout_ms=200).for_provider("p1")
+    clock = FakeClock()
+    executor = provider_set(sets, fake.base_url, clock, request_timeout_ms=200).for_provider("p1")
     fake.behavior = FakeBehavior(hold=True)
-    for attempt in (executor.complete(chat()), executor.open_stream(chat(stream=True))):
+    for sent, attempt in enumerate(
+        (executor.complete(chat()), executor.open_stream(chat(stream=True))), start=1
+    ):
+        arrived = lambda sent=sent: fake.total_requests == sent  # noqa: E731
+        deadline = asyncio.create_task(pass_deadline(clock, clock.now() + 0.2, arrived))
         with pytest.raises(AdapterError) as caught:
             await attempt
+        await deadline
         assert caught.value.code == "upstream_timeout"
         assert caught.value.status == 504
     async with asyncio.timeout(5):

@@ -3,8 +3,9 @@
 (no ``data: [DONE]``, no chunk with a ``finish_reason``) — openai_compat's SSE relay, ollama's
 NDJSON translation, cli's text and stream-json.
 
-Timeouts run on the loop's real time (the executors' shared timers): assertions on time are
-lower bounds only, so a slow machine cannot make them fail.
+The bounds run on a fake clock the test moves (issue 26): a stream fails exactly at its
+bound, never a millisecond before (:func:`tests.helpers.pass_deadline`), and no test waits for
+one.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from iop_edge.adapters import AdapterSet, StreamBounds, UpstreamCall, UpstreamStream
+from iop_edge.adapters import AdapterSet, StreamBounds, UpstreamCall, UpstreamReply, UpstreamStream
+from iop_edge.adapters.cli import CliExecutor
 from iop_edge.errors import AdapterError
+from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.helpers import FAKE_CLI
+from tests.helpers import FAKE_CLI, pass_deadline
 from tests.helpers.adapters import chat, frames_until_error, payloads
 
 SetFactory = Callable[..., AdapterSet]
@@ -68,15 +71,20 @@ async def fake_ol() -> AsyncIterator[FakeOllama]:
         yield fake
 
 
-def http_executor(sets: SetFactory, kind: str, base_url: str) -> Any:
+def http_executor(
+    sets: SetFactory, kind: str, base_url: str, clock: FakeClock | None = None
+) -> Any:
     adapter_set = sets(
         [{"name": "a", "type": kind, "base_url": base_url}],
         [{"id": "p1", "type": kind, "adapter": "a", "models": ["fake-model"]}],
+        clock,
     )
     return adapter_set.for_provider("p1")
 
 
-def cli_executor(sets: SetFactory, args: list[str], output_format: str = "text") -> Any:
+def cli_executor(
+    sets: SetFactory, args: list[str], output_format: str = "text", clock: FakeClock | None = None
+) -> Any:
     adapter_set = sets(
         [
             {
@@ -88,21 +96,35 @@ def cli_executor(sets: SetFactory, args: list[str], output_format: str = "text")
             }
         ],
         [{"id": "c1", "type": "cli", "adapter": "shell"}],
+        clock,
     )
     return adapter_set.for_provider("c1")
 
 
-async def first_frame_error(executor: Any, call: UpstreamCall) -> AdapterError:
+async def first_frame_error(executor: Any, call: UpstreamCall, clock: FakeClock) -> AdapterError:
     """The error of a stream that fails before its first frame (from open_stream, or from the
-    first step of its frames — where the server looks for it, before the response head)."""
+    first step of its frames — where the server looks for it, before the response head), the
+    first-token bound passed on ``clock``. An HTTP stream opens at its response head: the
+    bound passes after it came; a cli's waits for its first output, and the bound passes
+    while it waits."""
+    due = clock.now() + BOUND_MS / 1000
+    deadline: asyncio.Task[None] | None = None
 
     async def start() -> bytes:
+        nonlocal deadline
+        if isinstance(executor, CliExecutor):
+            deadline = asyncio.create_task(pass_deadline(clock, due))
         opened = await executor.open_stream(call)
         assert isinstance(opened, UpstreamStream)
+        if deadline is None:  # the head came
+            deadline = asyncio.create_task(pass_deadline(clock, due))
         return await opened.first()
 
     with pytest.raises(AdapterError) as caught:
         await start()
+    assert deadline is not None
+    await deadline  # at the bound, not before
+    assert clock.now() == due
     return caught.value
 
 
@@ -119,11 +141,9 @@ async def test_no_first_event_in_time_is_a_timeout_that_fails_over(
     not sent alone ahead of it."""
     fake = fake_oa if kind == "openai_compat" else fake_ol
     fake.behavior = FakeBehavior(fault="stall", fault_after=0)
-    executor = http_executor(sets, kind, fake.base_url)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    error = await first_frame_error(executor, streamed(bounds=FIRST))
-    assert loop.time() >= started + BOUND_MS / 1000
+    clock = FakeClock()
+    executor = http_executor(sets, kind, fake.base_url, clock)
+    error = await first_frame_error(executor, streamed(bounds=FIRST), clock)
     assert (error.code, error.status, error.failure, error.failover) == (
         "upstream_timeout",
         504,
@@ -138,11 +158,9 @@ async def test_no_first_event_in_time_is_a_timeout_that_fails_over(
 async def test_a_cli_that_writes_nothing_in_time_fails_over_and_is_killed(
     sets: SetFactory,
 ) -> None:
-    executor = cli_executor(sets, ["--sleep", "30"])
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    error = await first_frame_error(executor, streamed(bounds=FIRST))
-    assert loop.time() >= started + BOUND_MS / 1000
+    clock = FakeClock()
+    executor = cli_executor(sets, ["--sleep", "30"], clock=clock)
+    error = await first_frame_error(executor, streamed(bounds=FIRST), clock)
     assert (error.code, error.failure, error.failover) == ("upstream_timeout", "timeout", True)
     assert f"first_token_timeout_ms={BOUND_MS}" in str(error)
     assert "process group was killed" in str(error)
@@ -172,6 +190,19 @@ async def test_a_first_event_in_time_meets_the_bound(
 # -- stream_idle_timeout_ms ---------------------------------------------------------------------
 
 
+async def idle_error(
+    stream: UpstreamStream | UpstreamReply, clock: FakeClock
+) -> tuple[list[bytes], AdapterError]:
+    """The frames of ``stream`` and the error that ends it once it has been idle for
+    ``BOUND_MS`` on ``clock`` (the bound counts from the wait for the upstream's next frame,
+    armed once the first frames went out)."""
+    due = clock.now() + BOUND_MS / 1000
+    deadline = asyncio.create_task(pass_deadline(clock, due))
+    frames, error = await frames_until_error(stream)
+    await deadline  # at the bound, not before
+    return frames, error
+
+
 @pytest.mark.parametrize("kind", ["openai_compat", "ollama"])
 async def test_a_stream_idle_past_its_bound_fails_mid_stream(
     sets: SetFactory, fake_oa: FakeOpenAI, fake_ol: FakeOllama, kind: str
@@ -181,8 +212,9 @@ async def test_a_stream_idle_past_its_bound_fails_mid_stream(
     client's, and nothing of it says the answer finished."""
     fake = fake_oa if kind == "openai_compat" else fake_ol
     fake.behavior = FakeBehavior(fault="stall", fault_after=3)
-    executor = http_executor(sets, kind, fake.base_url)
-    frames, error = await frames_until_error(await executor.open_stream(streamed(bounds=IDLE)))
+    clock = FakeClock()
+    executor = http_executor(sets, kind, fake.base_url, clock)
+    frames, error = await idle_error(await executor.open_stream(streamed(bounds=IDLE)), clock)
     assert frames
     never_clean(frames)
     assert (error.code, error.failure, error.failover) == ("upstream_timeout", "timeout", False)
@@ -190,8 +222,9 @@ async def test_a_stream_idle_past_its_bound_fails_mid_stream(
 
 
 async def test_a_cli_stream_idle_past_its_bound_fails_and_is_killed(sets: SetFactory) -> None:
-    executor = cli_executor(sets, ["--hang-after", "1"], "stream-json")
-    frames, error = await frames_until_error(await executor.open_stream(streamed(bounds=IDLE)))
+    clock = FakeClock()
+    executor = cli_executor(sets, ["--hang-after", "1"], "stream-json", clock)
+    frames, error = await idle_error(await executor.open_stream(streamed(bounds=IDLE)), clock)
     assert payloads(frames)[1]["choices"][0]["delta"] == {"content": "one "}
     never_clean(frames)
     assert (error.code, error.failover) == ("upstream_timeout", False)
@@ -218,12 +251,19 @@ async def test_an_http_stream_past_request_timeout_never_ends_clean(
     sets: SetFactory, fake_oa: FakeOpenAI
 ) -> None:
     fake_oa.behavior = FakeBehavior(fault="stall", fault_after=2)
+    clock = FakeClock()
     adapter_set = sets(
         [{"name": "a", "type": "openai_compat", "base_url": fake_oa.base_url}],
         [{"id": "p1", "type": "openai_compat", "adapter": "a", "request_timeout_ms": BOUND_MS}],
+        clock,
     )
+    due = clock.now() + BOUND_MS / 1000
     stream = await adapter_set.for_provider("p1").open_stream(streamed())
-    frames, error = await frames_until_error(stream)
+    frames: list[bytes] = []
+    # mid-stream: once the two frames came (the role frame and the first words)
+    deadline = asyncio.create_task(pass_deadline(clock, due, lambda: len(frames) >= 2))
+    _, error = await frames_until_error(stream, frames)
+    await deadline
     never_clean(frames)
     assert (error.code, error.failover) == ("upstream_timeout", False)
 
@@ -241,6 +281,7 @@ async def test_a_cli_stream_that_dies_never_ends_clean(
     sets: SetFactory, args: list[str], output_format: str, timeout_ms: int | None
 ) -> None:
     provider: dict[str, Any] = {"request_timeout_ms": timeout_ms} if timeout_ms else {}
+    clock = FakeClock() if timeout_ms else None
     if output_format == "json-lines-broken":
         script = (  # the broken line after a pause: it fails mid-stream, not before it
             "import sys, time; sys.stdin.read(); "
@@ -257,8 +298,16 @@ async def test_a_cli_stream_that_dies_never_ends_clean(
     adapter_set = sets(
         [{"name": "shell", "type": "cli", "output_format": output_format, **adapter}],
         [{"id": "c1", "type": "cli", "adapter": "shell", **provider}],
+        clock,
     )
     stream = await adapter_set.for_provider("c1").open_stream(streamed())
-    frames, error = await frames_until_error(stream)
+    frames: list[bytes] = []
+    deadline = None
+    if clock is not None and timeout_ms is not None:  # killed at request_timeout_ms, once
+        due = clock.now() + timeout_ms / 1000  # the first words came (it hangs after them)
+        deadline = asyncio.create_task(pass_deadline(clock, due, lambda: len(frames) >= 2))
+    _, error = await frames_until_error(stream, frames)
+    if deadline is not None:
+        await deadline
     never_clean(frames)
     assert error.code in ("upstream_error", "upstream_timeout")

@@ -13,7 +13,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from iop_edge.adapters.base import UpstreamCall, UpstreamReply
 from iop_edge.lifecycle import Phase
 from iop_edge.testing.fake_behavior import FakeBehavior
-from tests.helpers import wait_for
+from tests.helpers import pass_deadline, wait_for
 from tests.helpers.api import OTHER_TOKEN, TOKEN, edge_client, edge_doc
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello through the edge"}]
@@ -343,12 +343,18 @@ async def test_an_upstream_error_status_passes_through_as_an_openai_error(client
 
 
 async def test_upstream_timeout_is_504_upstream_timeout(fake_oa, fake_ol):
+    from iop_edge.testing.clock import FakeClock
+
+    clock = FakeClock(100.0)  # request_timeout_ms passes on it (once the upstream has the call)
     doc = edge_doc(fake_oa, fake_ol)
     doc["nodes"][0]["providers"][0]["request_timeout_ms"] = 200
     fake_oa.behavior = FakeBehavior(fault="stall")
-    async with edge_client(doc) as (edge, c):
+    async with edge_client(doc, clock=clock) as (edge, c):
+        arrived = lambda: fake_oa.total_requests == 1  # noqa: E731
+        deadline = asyncio.create_task(pass_deadline(clock, 100.2, arrived))
         with pytest.raises(openai.APIStatusError) as info:
             await c.chat.completions.create(model="chat-oa", messages=HELLO)
+        await deadline
         assert (info.value.status_code, info.value.code) == (504, "upstream_timeout")
         assert edge.scheduler.statistics().in_flight == 0
 
@@ -400,14 +406,20 @@ async def test_a_hanging_cli_is_killed_on_timeout_with_its_process_group(
 ):
     import os
 
+    from iop_edge.testing.clock import FakeClock
+
+    clock = FakeClock(100.0)  # request_timeout_ms passes on it, once the agent forked its child
     pid_file = tmp_path / "child.pid"
     doc = edge_doc(fake_oa, fake_ol)
     agent = doc["nodes"][0]["providers"][2]
     agent["request_timeout_ms"] = 300
     agent["args"] = [*agent["args"], "--hang", "--spawn-child", "--pid-file", str(pid_file)]
-    async with edge_client(doc) as (edge, c):
+    async with edge_client(doc, clock=clock) as (edge, c):
+        spawned = lambda: pid_file.exists() and pid_file.read_text().endswith("\n")  # noqa: E731
+        deadline = asyncio.create_task(pass_deadline(clock, 100.3, spawned))
         with pytest.raises(openai.APIStatusError) as info:
             await c.chat.completions.create(model="chat-cli", messages=HELLO)
+        await deadline
         assert info.value.code == "upstream_timeout"
         assert edge.scheduler.statistics().in_flight == 0
     child = int(pid_file.read_text())

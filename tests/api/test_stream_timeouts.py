@@ -3,7 +3,10 @@ over before the client's first byte (504 ``upstream_timeout`` when no provider i
 ``stream_idle_timeout_ms`` ends a stream with the API's error event, both change live on a
 refresh, and ``request_timeout_ms`` also ends an exchange whose client stopped reading.
 
-The bounds run on the loop's real time: assertions on time are lower bounds only.
+The bounds run on the daemon's fake clock, which the test moves (issue 26): a bound passes
+exactly at its time, never a millisecond before (:func:`tests.helpers.pass_deadline`), and no
+test waits for one — but the live refresh's, whose second half needs a stream paced in real
+time within its bounds, so it runs on the loop's clock.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ import openai
 import orjson
 import pytest
 
+from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.helpers import dump, edge_on, wait_for
+from tests.helpers import dump, edge_on, pass_deadline, wait_for
 
 BOUND_MS = 200
+START = 1000.0
+"""Where the daemon's fake clock starts."""
 HELLO: Any = [{"role": "user", "content": "hello through the edge"}]
 
 
@@ -78,16 +84,23 @@ async def fakes() -> AsyncIterator[tuple[FakeOpenAI, FakeOpenAI]]:
         yield slow, fast
 
 
-async def read_sse(url: str, model: str) -> list[bytes]:
-    """The ``data:`` payloads of a streamed chat answer, read raw."""
+async def read_sse(url: str, model: str, events: list[bytes] | None = None) -> list[bytes]:
+    """The ``data:`` payloads of a streamed chat answer, read raw, each appended to ``events``
+    (when given) as soon as its event is whole."""
+    events = [] if events is None else events
     body = {"model": model, "stream": True, "messages": HELLO}
     async with (
         aiohttp.ClientSession() as session,
         session.post(f"{url}/chat/completions", json=body) as response,
     ):
         assert response.status == 200
-        raw = await response.read()
-    return [event[6:] for event in raw.split(b"\n\n") if event.startswith(b"data: ")]
+        rest = b""
+        async for chunk in response.content.iter_any():
+            *whole, rest = (rest + chunk).split(b"\n\n")
+            events.extend(event[6:] for event in whole if event.startswith(b"data: "))
+    if rest.startswith(b"data: "):
+        events.append(rest[6:])
+    return events
 
 
 async def test_no_first_event_in_time_fails_over_before_the_client_got_a_byte(
@@ -96,13 +109,22 @@ async def test_no_first_event_in_time_fails_over_before_the_client_got_a_byte(
     """``slow`` answers its head, then nothing: at its ``first_token_timeout_ms`` the request
     goes to ``fast``, and the client gets one whole stream (the 200 head was not sent before);
     the log line names the failed-over attempt; slow's connection was closed."""
+    clock = FakeClock(START)
     async with fakes() as (slow, fast):
         slow.behavior = FakeBehavior(fault="stall", fault_after=0)
         doc = two_providers(slow, fast, first_token_timeout_ms=BOUND_MS)
-        async with edge_on(tmp_path, doc) as edge, contextlib.AsyncExitStack() as stack:
+        async with (
+            edge_on(tmp_path, doc, clock=clock) as edge,
+            contextlib.AsyncExitStack() as stack,
+        ):
             client = await stack.enter_async_context(sdk(edge.daemon.openai_url))
+            due = START + BOUND_MS / 1000  # once slow has the request (its head comes at once)
+            deadline = asyncio.create_task(
+                pass_deadline(clock, due, lambda: slow.total_requests == 1)
+            )
             stream = await client.chat.completions.create(model="chat", messages=HELLO, stream=True)
             text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+            await deadline
             await slow.wait_until(lambda: slow.cancelled == 1)
     assert text == "hello through the edge"
     [line] = request_lines(log_stream)
@@ -120,16 +142,23 @@ async def test_no_first_event_anywhere_is_a_504_upstream_timeout(
 ) -> None:
     """With no provider left the client gets 504 ``upstream_timeout`` as an error answer, not a
     200 stream; the log line says which bound passed."""
+    clock = FakeClock(START)
     async with fakes() as (slow, fast):
         slow.behavior = FakeBehavior(fault="stall", fault_after=0)
         doc = two_providers(slow, fast, first_token_timeout_ms=BOUND_MS)
-        async with edge_on(tmp_path, doc) as edge, contextlib.AsyncExitStack() as stack:
+        async with (
+            edge_on(tmp_path, doc, clock=clock) as edge,
+            contextlib.AsyncExitStack() as stack,
+        ):
             client = await stack.enter_async_context(sdk(edge.daemon.openai_url))
-            loop = asyncio.get_running_loop()
-            started = loop.time()
+            due = START + BOUND_MS / 1000
+            deadline = asyncio.create_task(
+                pass_deadline(clock, due, lambda: slow.total_requests == 1)
+            )
             with pytest.raises(openai.APIStatusError) as caught:
                 await client.chat.completions.create(model="alone", messages=HELLO, stream=True)
-            assert loop.time() >= started + BOUND_MS / 1000
+            await deadline  # it failed at the bound, not before
+            assert clock.now() == due
             assert edge.daemon.scheduler.statistics().in_flight == 0
     assert caught.value.status_code == 504
     assert caught.value.body["code"] == "upstream_timeout"  # type: ignore[index]
@@ -143,11 +172,16 @@ async def test_a_stream_idle_past_its_bound_ends_with_the_error_event(
 ) -> None:
     """Three events, then silence: ``stream_idle_timeout_ms`` later the stream ends with
     ``data: {"error": ...}`` (``upstream_timeout``) — no ``[DONE]``, no finish reason."""
+    clock = FakeClock(START)
     async with fakes() as (slow, fast):
         slow.behavior = FakeBehavior(fault="stall", fault_after=3)
         doc = two_providers(slow, fast, stream_idle_timeout_ms=BOUND_MS)
-        async with edge_on(tmp_path, doc) as edge:
-            events = await read_sse(edge.daemon.openai_url, "alone")
+        async with edge_on(tmp_path, doc, clock=clock) as edge:
+            events: list[bytes] = []
+            due = START + BOUND_MS / 1000  # idle from the wait after the three events
+            deadline = asyncio.create_task(pass_deadline(clock, due, lambda: len(events) == 3))
+            await read_sse(edge.daemon.openai_url, "alone", events)
+            await deadline
     assert b"[DONE]" not in events
     *chunks, last = [orjson.loads(event) for event in events]
     assert len(chunks) == 3
@@ -227,17 +261,21 @@ async def test_request_timeout_ends_an_exchange_whose_client_stopped_reading(
     upstream closed, slot released, the request logged 499 ``client_stalled`` naming
     ``request_timeout_ms`` — instead of waiting for the write timeout."""
     timeout_ms = 1000
+    clock = FakeClock(START)
     async with fakes() as (slow, fast):
         # 32 MiB of answer in 64 KiB chunks: far more than the socket buffers on the way hold
         slow.behavior = FakeBehavior(reply="x" * (32 << 20), chunks=512)
         doc = two_providers(slow, fast, request_timeout_ms=timeout_ms)
         doc["openai"]["write_timeout_ms"] = 60_000
-        async with edge_on(tmp_path, doc) as edge:
-            loop = asyncio.get_running_loop()
-            started = loop.time()
+        async with edge_on(tmp_path, doc, clock=clock) as edge:
+            listener = edge.daemon.listeners["openai"]
+            stalled = lambda: listener.statistics().writes_waiting == 1  # noqa: E731
+            due = START + timeout_ms / 1000  # once the writes wait for the client
+            deadline = asyncio.create_task(pass_deadline(clock, due, stalled))
             async with stalled_reader(edge.daemon.openai_url, "alone"):
                 await wait_for(lambda: bool(request_lines(log_stream)), timeout=15)
-                assert loop.time() >= started + timeout_ms / 1000
+                await deadline  # the exchange ended at request_timeout_ms, not before
+                assert clock.now() == due
                 assert edge.daemon.scheduler.statistics().in_flight == 0
                 await slow.wait_until(lambda: slow.cancelled == 1)
     [line] = request_lines(log_stream)

@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from iop_edge.daemon import Daemon
 from iop_edge.logs import flush_logs
 from iop_edge.options import ServeOptions
 from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
+from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.testing.leaks import BOUND, child_pids, leaks, process_gone, settled, wait_for
 from iop_edge.testing.reload_storm import dump, rename_save
@@ -49,6 +50,7 @@ __all__ = [
     "edge_on",
     "leaks",
     "only_child",
+    "pass_deadline",
     "post",
     "process_gone",
     "rename_save",
@@ -91,6 +93,20 @@ def child_states(pid: int) -> dict[int, str]:
         if ppid == str(pid):
             found[int(entry)] = state
     return found
+
+
+async def pass_deadline(
+    clock: FakeClock, due: float, ready: Callable[[], bool] | None = None
+) -> None:
+    """Move ``clock`` onto the deadline ``due`` once a timer is armed for it (and ``ready()``
+    holds): first to a millisecond before it, checking that the timer has not fired (a bound
+    never passes early), then onto it, which fires it. Run it beside the call the bound ends:
+    the call's task then meets the deadline where the daemon's would."""
+    await wait_for(lambda: due in clock.armed and (ready is None or ready()))
+    clock.advance_to(due - 0.001)
+    assert due in clock.armed, f"the timer due at {due} fired before it"
+    clock.advance_to(due)
+    assert due not in clock.armed
 
 
 def post(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:

@@ -21,6 +21,7 @@ from iop_edge.adapters import AdapterSet, UpstreamCall, UpstreamReply, UpstreamS
 from iop_edge.config import load_config
 from iop_edge.config.payload import node_payload
 from iop_edge.errors import AdapterError
+from iop_edge.seams import Clock
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 """An aiohttp request handler (a hand-written upstream's, for :func:`serve`)."""
@@ -47,10 +48,13 @@ def config_text(adapters: list[dict[str, Any]], providers: list[dict[str, Any]])
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def build_set(adapters: list[dict[str, Any]], providers: list[dict[str, Any]]) -> AdapterSet:
-    """The node's AdapterSet, through load_config and node_payload as the daemon builds it."""
+def build_set(
+    adapters: list[dict[str, Any]], providers: list[dict[str, Any]], clock: Clock | None = None
+) -> AdapterSet:
+    """The node's AdapterSet, through load_config and node_payload as the daemon builds it,
+    its deadlines on ``clock`` (the loop's when None)."""
     config = load_config(config_text(adapters, providers))
-    return AdapterSet.from_payload(node_payload(config, "n1"))
+    return AdapterSet.from_payload(node_payload(config, "n1"), clock)
 
 
 def chat(
@@ -105,13 +109,16 @@ async def collect(stream: UpstreamStream | UpstreamReply) -> list[bytes]:
         return [frame async for piece in stream.frames for frame in split_frames(piece)]
 
 
-async def frames_until_error(stream: UpstreamStream | UpstreamReply) -> tuple[list[bytes], Any]:
-    """The frames a stream yields before it raises AdapterError, and that error (closed after).
+async def frames_until_error(
+    stream: UpstreamStream | UpstreamReply, received: list[bytes] | None = None
+) -> tuple[list[bytes], Any]:
+    """The frames a stream yields before it raises AdapterError, and that error (closed after);
+    each frame is appended to ``received`` (when given) as it comes.
 
     Fails the test when the stream ends without an error.
     """
     assert isinstance(stream, UpstreamStream), f"expected a stream, got {stream!r}"
-    received: list[bytes] = []
+    received = [] if received is None else received
     async with stream:
         try:
             async for piece in stream.frames:

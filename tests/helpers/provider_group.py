@@ -34,8 +34,8 @@ START = 1000.0
 """Where the daemon's fake clock starts."""
 
 SHORT_MS = 200
-"""``request_timeout_ms`` of a provider whose timeout is the fault (real time: an adapter's
-deadline runs on the loop's clock)."""
+"""``request_timeout_ms`` of a provider whose timeout is the fault (on the daemon's fake clock,
+like every deadline: the test moves it there)."""
 
 ADAPTERS = {"openai_compat": "oa", "ollama": "ol", "cli": "shell"}
 FAKES: dict[str, type[FakeUpstream]] = {"openai_compat": FakeOpenAI, "ollama": FakeOllama}

@@ -20,10 +20,11 @@ import pytest
 
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.helpers import wait_for
+from tests.helpers import pass_deadline, wait_for
 from tests.helpers.provider_group import (
     CLI_FAULTS,
     HTTP_FAULTS,
+    SHORT_MS,
     START,
     Answer,
     Fault,
@@ -61,8 +62,15 @@ async def test_a_provider_failure_before_the_first_byte_fails_over_to_a_healthy_
     ``Retry-After``); ``iop_edge_failovers_total`` counts the row's reason; the request's log
     line names the failed attempt."""
     async with sick_and_well(kind, fault) as (sick, well, sick_fake, well_fake):
-        async with running(tmp_path, group_doc(sick, well)) as (edge, _), sdk_for(edge) as sdk:
+        async with running(tmp_path, group_doc(sick, well)) as (edge, clock), sdk_for(edge) as sdk:
+            deadline = None
+            if fault.reason == "timeout":  # the sick one's request_timeout_ms, on the fake clock
+                arrived = lambda: sick_fake is None or sick_fake.total_requests == 1  # noqa: E731
+                due = START + SHORT_MS / 1000
+                deadline = asyncio.create_task(pass_deadline(clock, due, arrived))
             answer = await chat(sdk, "hello edge", stream=stream)
+            if deadline is not None:
+                await deadline  # the sick attempt failed at its deadline, not before
             metrics = await edge.metrics()
             stats = await all_released(edge)
             health = provider(edge, "sick")

@@ -1,0 +1,123 @@
+"""The scrape-time collectors describe themselves (issue 26): registering one reads no
+snapshot, and ``describe()`` names exactly the families ``collect()`` yields."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector, DuplicateTimeseries
+
+from iop_edge.collectors import HandoverCollector, ListenerCollector, StateCollector
+from iop_edge.config import parse_config
+from iop_edge.config.policy import pool_policy
+from iop_edge.logs import get_logger
+from iop_edge.pool import PoolScheduler, PoolStatistics
+from iop_edge.supervisor import Supervisor
+from tests.helpers import doc_for, dump
+
+
+@dataclass(frozen=True)
+class Listener:
+    """The fields of a listener's statistics the collector reads."""
+
+    name: str = "openai"
+    max_connections: int = 8
+    open_connections: int = 2
+    refused: int = 1
+    header_timeouts: int = 0
+    write_stalls: int = 0
+    evicted: int = 0
+
+
+@dataclass(frozen=True)
+class Handover:
+    """The fields of a handover's statistics the collector reads."""
+
+    at: float = 1.0
+    duration: float = 0.25
+    inherited_leases: int = 3
+    inherited_held: int = 1
+    relayed_requests: int = 2
+
+
+class Reads:
+    """Getters that count their calls (a snapshot read)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.calls: list[str] = []
+        doc = doc_for()
+        config = parse_config(doc)
+        path = tmp_path / "edge.yaml"
+        path.write_text(dump(doc))
+        self._pool = PoolScheduler(pool_policy(config))
+        self._supervisor = Supervisor(
+            path, config, apply=lambda config: None, env={}, log=get_logger()
+        )
+
+    def statistics(self) -> PoolStatistics:
+        self.calls.append("pool")
+        return self._pool.statistics()
+
+    def supervisor(self) -> Supervisor:
+        self.calls.append("supervisor")
+        return self._supervisor
+
+    def listeners(self) -> Iterable[Any]:
+        self.calls.append("listeners")
+        return [Listener()]
+
+    def handover(self) -> Any:
+        self.calls.append("handover")
+        return Handover()
+
+    def collectors(self) -> list[Collector]:
+        return [
+            StateCollector(self.statistics, self.supervisor, routes=()),
+            ListenerCollector(self.listeners),
+            HandoverCollector(self.handover),
+        ]
+
+
+@pytest.mark.parametrize("auto_describe", [True, False], ids=["auto_describe", "plain"])
+def test_registering_a_collector_reads_no_snapshot(tmp_path: Path, auto_describe: bool) -> None:
+    """With ``describe()`` the registry learns the names without calling ``collect()``: no
+    statistics() is read at registration, whatever the registry's ``auto_describe``; the
+    first scrape reads each snapshot once."""
+    reads = Reads(tmp_path)
+    registry = CollectorRegistry(auto_describe=auto_describe)
+    for collector in reads.collectors():
+        registry.register(collector)
+    assert reads.calls == []
+    scraped = {m.name: m for m in registry.collect()}  # what a scrape reads
+    assert reads.calls == ["pool", "supervisor", "listeners", "handover"]
+    assert scraped["iop_edge_queue_depth"].samples[0].value == 0
+
+
+def families(metrics: Iterable[Any]) -> list[tuple[str, str, str]]:
+    return [(m.name, m.type, m.documentation) for m in metrics]
+
+
+def test_describe_names_the_families_collect_yields(tmp_path: Path) -> None:
+    """Same families in the same order, with their types and help; without samples."""
+    for collector in Reads(tmp_path).collectors():
+        described = list(collector.describe())  # type: ignore[attr-defined]
+        assert [m.samples for m in described] == [[] for _ in described]
+        assert families(described) == families(collector.collect())
+
+
+def test_a_second_collector_of_the_same_families_is_refused_at_registration(
+    tmp_path: Path,
+) -> None:
+    """The names ``describe()`` gives are held unique by the registry (without it a plain
+    registry registered no names, and a family twice on one scrape went unnoticed)."""
+    reads = Reads(tmp_path)
+    registry = CollectorRegistry()
+    registry.register(ListenerCollector(reads.listeners))
+    with pytest.raises(DuplicateTimeseries):
+        registry.register(ListenerCollector(reads.listeners))
+    assert reads.calls == []

@@ -1,0 +1,239 @@
+"""The supervisor reads a config source (issue 26): watching is the source's job, refreshing
+the supervisor's; each reload hashes its configs once; ``statistics()`` is a frozen snapshot
+that renders ``/admin/status``'s config part.
+
+The supervisor runs alone here, on a source the test feeds by hand (no file watch, no
+timing): every refresh is one the test caused, and is awaited as an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import iop_edge.config.refresh as refresh_module
+import iop_edge.supervisor as supervisor_module
+from iop_edge.config import parse_config
+from iop_edge.config.refresh import config_hash
+from iop_edge.config.schema import EdgeConfig
+from iop_edge.config_file import ConfigSnapshot, Trigger
+from iop_edge.config_watch import WatchStatistics
+from iop_edge.errors import ConfigError, ConfigProblem
+from iop_edge.logs import get_logger
+from iop_edge.seams import ConfigSource
+from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorStatistics
+from tests.helpers import doc_for, dump
+
+
+class HandSource:
+    """A :class:`~iop_edge.seams.ConfigSource` the test feeds: :meth:`push` yields a
+    snapshot; :meth:`read` answers with :attr:`content` (as the file would hold it)."""
+
+    def __init__(self, path: Path, content: str) -> None:
+        self.path = path
+        self.content = content
+        self.pushed: asyncio.Queue[ConfigSnapshot] = asyncio.Queue()
+        self.taken: list[ConfigSnapshot] = []
+        self.requested: list[Trigger] = []
+        self.started: bool | None = None
+        self.stopped = False
+        self._reads = 0
+
+    @property
+    def reads(self) -> int:
+        return self._reads
+
+    @property
+    def watching(self) -> bool:
+        return bool(self.started)
+
+    def start(self, *, watch: bool = True) -> None:
+        self.started = watch
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    def statistics(self) -> WatchStatistics:
+        return WatchStatistics("hand", (self.path.name,), 0, 0, ())
+
+    def request(self, trigger: Trigger) -> None:
+        self.requested.append(trigger)
+
+    def snapshot(self, content: str, trigger: Trigger) -> ConfigSnapshot:
+        return ConfigSnapshot(str(self.path), content.encode(), None, trigger)
+
+    def push(self, content: str, trigger: Trigger) -> None:
+        self.pushed.put_nowait(self.snapshot(content, trigger))
+
+    async def _snapshots(self) -> AsyncIterator[ConfigSnapshot]:
+        while True:
+            yield await self.pushed.get()
+
+    def __aiter__(self) -> AsyncIterator[ConfigSnapshot]:
+        return self._snapshots()
+
+    async def read(self, trigger: Trigger) -> ConfigSnapshot:
+        self._reads += 1
+        return self.snapshot(self.content, trigger)
+
+    def judged(self, snapshot: ConfigSnapshot) -> None:
+        self.taken.append(snapshot)
+
+    def unchanged(self, snapshot: ConfigSnapshot) -> bool:
+        return bool(self.taken) and self.taken[-1].digest == snapshot.digest
+
+
+def start_with(path: Path, running: EdgeConfig, source: HandSource) -> Supervisor:
+    """A supervisor on ``source`` (typed as the seam: nothing else of it is used)."""
+    seam: ConfigSource = source
+    supervisor = Supervisor(
+        path, running, apply=lambda config: None, env={}, log=get_logger(), source=seam
+    )
+    supervisor.start()
+    return supervisor
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "edge.yaml"
+
+
+async def test_the_supervisor_refreshes_the_snapshots_its_source_yields(path: Path) -> None:
+    """Each snapshot the source yields is refreshed under its own trigger and handed back as
+    taken; a file snapshot holding the content taken last is not run again (a signal's is); a
+    refresh the API asks for reads the source then; stop stops the source."""
+    source = HandSource(path, dump(doc_for()))
+    supervisor = start_with(path, parse_config(doc_for()), source)
+    records: asyncio.Queue[RefreshRecord] = asyncio.Queue()
+    supervisor.add_listener(records.put_nowait)
+    try:
+        assert (source.started, supervisor.watching) == (True, True)
+        source.push(dump(doc_for(capacity=3)), "signal")
+        record = await asyncio.wait_for(records.get(), timeout=15)
+        assert (record.trigger, record.result.result) == ("signal", "applied")
+        assert [e.path for e in record.result.report] == [
+            "nodes[local].providers[cat].capacity",
+            "nodes[local].providers[cat].long_context_capacity",
+        ]
+        assert [s.trigger for s in source.taken] == ["signal"]
+        assert supervisor.statistics().generation == 2
+
+        source.push(dump(doc_for(capacity=3)), "file")  # what was just taken: not run
+        source.push(dump(doc_for(capacity=3)), "signal")  # a signal always is
+        record = await asyncio.wait_for(records.get(), timeout=15)
+        assert (record.trigger, record.result.result, record.result.report) == (
+            "signal",
+            "applied",
+            [],
+        )
+        assert [s.trigger for s in source.taken] == ["signal", "signal"]
+
+        source.content = dump(doc_for(capacity=4))
+        result = await supervisor.refresh("api")
+        assert result.result == "applied"
+        assert (await asyncio.wait_for(records.get(), timeout=15)).trigger == "api"
+        assert [s.trigger for s in source.taken] == ["signal", "signal", "api"]
+        stats = supervisor.statistics()
+        assert (stats.generation, stats.runs, stats.reads) == (3, 3, 1)
+        assert stats.running_hash == config_hash(parse_config(doc_for(capacity=4)))
+
+        supervisor.request("signal")  # what the daemon's SIGHUP handler does: the source's
+        assert source.requested == ["signal"]
+        assert supervisor.watch_statistics().backend == "hand"
+    finally:
+        await supervisor.stop()
+    assert source.stopped
+
+
+@pytest.fixture
+def hashed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every config :func:`config_hash` is computed for, by the refresh or the supervisor."""
+    calls: list[Any] = []
+
+    def counting(config: EdgeConfig) -> str:
+        calls.append(config)
+        return config_hash(config)
+
+    monkeypatch.setattr(refresh_module, "config_hash", counting)
+    monkeypatch.setattr(supervisor_module, "config_hash", counting)
+    return calls
+
+
+async def test_a_reload_hashes_each_config_once_and_never_the_running_one_again(
+    path: Path, hashed: list[Any]
+) -> None:
+    """A reload that applies a live change hashes the candidate and the config to run after
+    it, once each; the running config's hash is known and not computed again, and the
+    supervisor takes the new one from the result. A reload with nothing to apply hashes the
+    candidate alone."""
+    running = parse_config(doc_for())
+    source = HandSource(path, dump(doc_for(capacity=3)))
+    supervisor = start_with(path, running, source)
+    try:
+        hashed.clear()  # (the start hashed the running config: once per process)
+        result = await supervisor.refresh("api")
+        assert result.result == "applied"
+        assert len(hashed) == 2
+        assert all(config is not running for config in hashed)
+        assert supervisor.running is hashed[0]  # the config after the refresh, ...
+        assert supervisor.running_hash == result.config_hash == config_hash(supervisor.running)
+        assert result.candidate_hash == config_hash(hashed[1])  # ... then the candidate
+
+        hashed.clear()
+        again = await supervisor.refresh("api")  # the same file: nothing changes
+        assert (again.result, again.report) == ("applied", [])
+        assert len(hashed) == 1
+        assert again.config_hash == supervisor.running_hash
+    finally:
+        await supervisor.stop()
+
+
+def test_a_snapshot_carries_its_trigger_and_the_digest_made_with_it() -> None:
+    """The digest is the content's (the path and the trigger aside), fixed when the snapshot
+    is made; an unreadable file's is its problem."""
+    snapshot = ConfigSnapshot("edge.yaml", b"models: []\n", None, "signal")
+    assert snapshot.trigger == "signal"
+    assert snapshot.digest == hashlib.sha256(b"models: []\n").hexdigest()
+    assert snapshot.digest == ConfigSnapshot("other", b"models: []\n", None).digest
+    assert "digest" not in repr(snapshot)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snapshot.digest = "x"  # type: ignore[misc]
+    error = ConfigError([ConfigProblem("", "cannot read config edge.yaml: it is a FIFO")])
+    unreadable = ConfigSnapshot("edge.yaml", None, error)
+    assert (unreadable.trigger, unreadable.digest) == ("file", f"unreadable: {error}")
+
+
+async def test_statistics_is_a_frozen_snapshot_that_renders_the_status(path: Path) -> None:
+    """``statistics()`` is read once and does not change under the reader; ``as_status()`` is
+    the config part of ``/admin/status``, key for key."""
+    source = HandSource(path, dump(doc_for(capacity=3)))
+    supervisor = start_with(path, parse_config(doc_for()), source)
+    try:
+        before = supervisor.statistics()
+        assert isinstance(before, SupervisorStatistics)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            before.generation = 5  # type: ignore[misc]
+        await supervisor.refresh("api")
+        after = supervisor.statistics()
+        assert (before.generation, before.last, after.generation) == (1, None, 2)
+        assert after.as_status() == {
+            "path": str(path),
+            "watch": True,
+            "hash": supervisor.running_hash,
+            "generation": 2,
+            "loaded_at": supervisor.loaded_at,
+            "restart_pending": [],
+            "last_refresh": supervisor.last.to_json() if supervisor.last else None,
+            "last_success_at": supervisor.last_success_at,
+        }
+        assert after.as_status()["last_refresh"]["trigger"] == "api"
+        assert after.status_line() == supervisor_module.status_line(supervisor)
+        assert after.status_line().startswith(f"serving config {after.running_hash[:12]}")
+    finally:
+        await supervisor.stop()
