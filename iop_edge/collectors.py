@@ -156,7 +156,7 @@ STATE_FAMILIES = (
     CONFIG_LAST_OK_AT,
     CONFIG_RESTART_PENDING,
 )
-"""What :class:`StateCollector` yields, in order (the config's four only with a supervisor)."""
+"""What :class:`StateCollector` yields, in order."""
 
 
 class StateCollector(Collector):
@@ -171,7 +171,7 @@ class StateCollector(Collector):
     def __init__(
         self,
         statistics: Callable[[], PoolStatistics],
-        supervisor: Callable[[], Supervisor | None],
+        supervisor: Callable[[], Supervisor],
         routes: Collection[str] = (),
     ) -> None:
         self._statistics = statistics
@@ -195,9 +195,7 @@ class StateCollector(Collector):
         yield from self._principals(stats)
         yield from self._providers(stats)
         yield from self._groups(stats)
-        supervisor = self._supervisor()
-        if supervisor is not None:
-            yield from _config(supervisor.statistics())
+        yield from _config(self._supervisor().statistics())
 
     @staticmethod
     def _principals(stats: PoolStatistics) -> Iterator[Metric]:

@@ -25,6 +25,15 @@ Requests that arrive while the refresh path works on a snapshot coalesce into on
 (a signal outranks a file event: it was an operator's explicit act). Every read is bounded
 (:mod:`iop_edge.config_file`) and runs in a worker thread under a deadline, so a hostile file
 can neither stall the event loop nor hold the source.
+
+Without a config file — a daemon given its config rather than a file to read it from (embedded
+use, tests; ``serve`` always has a file) — the source is a :class:`FixedConfigSource`: it holds
+the config it was given, and nothing changes it. What a refresh means then: there is no file
+to look at, so the config to judge is the running one itself. Every read yields the running
+config's own snapshot (its effective config written out as YAML), so a refresh — SIGHUP, or
+one asked for — answers exactly as a refresh of an unchanged file does: ``applied``, no change,
+the same hash and generation; it is recorded, logged, counted and told to systemd like any
+other. Nothing is watched.
 """
 
 from __future__ import annotations
@@ -32,14 +41,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
+import yaml
+
+from iop_edge.config import EdgeConfig, dump_config
 from iop_edge.config_file import ConfigSnapshot, Trigger, snapshot_config_file
 from iop_edge.config_watch import ConfigWatch, InotifyUnavailable, WatchStatistics
 from iop_edge.errors import ConfigError, ConfigProblem
 from iop_edge.logs import Logger
 
-__all__ = ["FailureLog", "FileConfigSource"]
+__all__ = ["GIVEN_CONFIG", "FailureLog", "FileConfigSource", "FixedConfigSource"]
 
 
 class FailureLog(Protocol):
@@ -301,3 +313,104 @@ class FileConfigSource:
                 continue
             if (await self.read("file")).digest != self._judged:
                 self.request("file")
+
+
+GIVEN_CONFIG: Final = "the config given (no file)"
+"""How the snapshots of a :class:`FixedConfigSource` name where they come from (in place of a
+file's path: a message about one would quote it)."""
+
+#: PyYAML's C dumper where it is built (the config's dump runs once, at the start).
+_Dumper: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def _literal(value: Any) -> Any:
+    """``value`` with every ``$`` of its strings written ``$$``: the loader expands ``${VAR}``
+    in string values, and the running config's values are already expanded (a ``$`` in one is
+    a ``$``, and must load back as one)."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {key: _literal(item) for key, item in value.items()}  # keys are not expanded
+    if isinstance(value, list):
+        return [_literal(item) for item in value]
+    return value
+
+
+def _running_config_text(config: EdgeConfig) -> bytes:
+    """``config`` as the YAML of a file holding it: loaded (with any environment), it is
+    ``config`` again — the same values, the same :func:`~iop_edge.config.refresh.config_hash`."""
+    text = yaml.dump(_literal(dump_config(config)), Dumper=_Dumper, sort_keys=False)
+    return str(text).encode("utf-8")
+
+
+class FixedConfigSource:
+    """The config a daemon was given instead of a file (module docstring): no watch, and every
+    read yields the same snapshot — the running config's own — so a refresh finds it unchanged.
+
+    A :class:`~iop_edge.seams.ConfigSource`; :attr:`path` is ``None``: there is no file.
+    """
+
+    def __init__(self, config: EdgeConfig) -> None:
+        # Written out once, now: the config never changes, and a refresh should not pay for it.
+        self._data = _running_config_text(config)
+        self._judged = ConfigSnapshot(GIVEN_CONFIG, self._data, None).digest
+        self._wake = asyncio.Event()
+        self._queued: Trigger | None = None
+        self._reads = 0
+
+    @property
+    def path(self) -> None:
+        """``None``: the config was given, not read from a file."""
+        return None
+
+    @property
+    def reads(self) -> int:
+        """Snapshots yielded so far (there is nothing to read: each is the config held)."""
+        return self._reads
+
+    @property
+    def watching(self) -> bool:
+        """Always false: there is no file to watch."""
+        return False
+
+    def start(self, *, watch: bool = True) -> None:
+        """Nothing to start (``watch`` is moot without a file): only :meth:`request` yields
+        snapshots."""
+
+    async def stop(self) -> None:
+        """Nothing to stop."""
+
+    def statistics(self) -> WatchStatistics:
+        """A watch that never started (no backend, no names, no events)."""
+        return WatchStatistics("", (), 0, 0, ())
+
+    def request(self, trigger: Trigger) -> None:
+        """Ask for the snapshot soon (a SIGHUP); requests made while one is being refreshed
+        coalesce into one more (a signal outranks a file event, as for a file)."""
+        if self._queued != "signal":
+            self._queued = trigger
+        self._wake.set()
+
+    def __aiter__(self) -> FixedConfigSource:
+        """The snapshots asked for with :meth:`request`, as they come (never ending)."""
+        return self
+
+    async def __anext__(self) -> ConfigSnapshot:
+        """The next snapshot asked for: the config held, under the trigger that asked."""
+        await self._wake.wait()
+        self._wake.clear()
+        trigger, self._queued = self._queued or "signal", None
+        return await self.read(trigger)
+
+    async def read(self, trigger: Trigger) -> ConfigSnapshot:
+        """The config held, as a snapshot made for ``trigger``; never raises."""
+        self._reads += 1
+        return ConfigSnapshot(GIVEN_CONFIG, self._data, None, trigger)
+
+    def judged(self, snapshot: ConfigSnapshot) -> None:
+        """The refresh path took ``snapshot`` (always the config held)."""
+        self._judged = snapshot.digest
+
+    def unchanged(self, snapshot: ConfigSnapshot) -> bool:
+        """Whether ``snapshot`` holds the content taken last (the config held always does)."""
+        return snapshot.digest == self._judged

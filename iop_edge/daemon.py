@@ -107,8 +107,9 @@ class Daemon:
     adapters: NodeAdapters = field(init=False)
     server: OpenAIServer = field(init=False)
     metrics: EdgeMetrics = field(init=False)
-    #: the reload path; ``None`` only without a config file (``options.config_path``)
-    supervisor: Supervisor | None = field(init=False, default=None)
+    #: the reload path; without a config file (``options.config_path``) it holds the config
+    #: given, fixed (:class:`~iop_edge.config_source.FixedConfigSource`)
+    supervisor: Supervisor = field(init=False)
     listeners: dict[str, Listener] = field(default_factory=dict, init=False)
     stopped: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, init=False)
@@ -137,18 +138,14 @@ class Daemon:
             on_handed_over=self._handed_over,
             on_idle=self.stopped.set,
         )
-        supervisor = self.supervisor = (
-            None
-            if options.config_path is None
-            else Supervisor(
-                options.config_path,
-                self.config,
-                apply=self.apply_config,
-                env=options.env,
-                log=self.log,
-                options=options.supervisor_options,
-                notifier=self.notifier,
-            )
+        supervisor = self.supervisor = Supervisor(
+            options.config_path,
+            self.config,
+            apply=self.apply_config,
+            env=options.env,
+            log=self.log,
+            options=options.supervisor_options,
+            notifier=self.notifier,
         )
         self.metrics = EdgeMetrics(
             self.registry,
@@ -169,8 +166,7 @@ class Daemon:
             lifecycle=self.lifecycle,
             relay=self.relay,
         )
-        if supervisor is not None:
-            supervisor.add_listener(self.metrics.observe_refresh)
+        supervisor.add_listener(self.metrics.observe_refresh)
 
     def apply_config(self, config: EdgeConfig) -> None:
         """Swap the live part of ``config`` in: scheduler policy and catalog in one loop step
@@ -279,7 +275,12 @@ class Daemon:
         await self._bind("openai", self.server.build_app(), config.openai.listen, limits)
         if config.metrics.enabled:
             await self._bind("metrics", self._metrics_app(), config.metrics.listen, admin_limits)
-        if config.console.enabled and self.supervisor is not None:
+        # The console is bound only with a config file, as before every daemon had a
+        # supervisor: the command line finds a daemon by its file (the runtime record,
+        # console.listen), a refresh without a file could only find the config given
+        # unchanged, and a daemon built without one (embedded use, tests) would take the
+        # default address, 127.0.0.1:7601.
+        if config.console.enabled and self.options.config_path is not None:
             admin = AdminAPI(
                 config.edge.id,
                 self.supervisor,
@@ -303,8 +304,7 @@ class Daemon:
             )
             unused.close()
         self.inherited.clear()
-        if self.supervisor is not None:
-            self.supervisor.start(watch=self.options.watches(config))
+        self.supervisor.start(watch=self.options.watches(config))
         if self.notifier.watchdog_interval:
             self._tasks.append(asyncio.create_task(self._watchdog(self.notifier.watchdog_interval)))
         if self.options.freeze_gc:
@@ -315,13 +315,13 @@ class Daemon:
             gc.set_threshold(*GC_THRESHOLDS)
         self.scheduler.start()  # idle providers are probed from now on
         self.lifecycle.enter(Phase.READY)
-        self.notifier.ready(status_line(self.supervisor) if self.supervisor else "serving")
+        self.notifier.ready(status_line(self.supervisor))
         self.handover.serving()
         self._record_console()
         self.log.info(
             "listening",
             edge=config.edge.id,
-            config_watch=self.supervisor is not None and self.supervisor.watching,
+            config_watch=self.supervisor.watching,
             **{name: listener.url for name, listener in self.listeners.items()},
         )
 
@@ -391,10 +391,9 @@ class Daemon:
             queued=stats.queue_depth,
             timeout_s=drain_timeout,
         )
-        if self.supervisor is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(cut_at):
-                    await self.supervisor.stop()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(cut_at):
+                await self.supervisor.stop()
         if openai is not None:
             await self.handover.drain(openai, cut_at, deadline)
         for listener in self.listeners.values():
@@ -495,8 +494,8 @@ class Daemon:
         )
 
     def _on_hup(self) -> None:
-        if self.supervisor is not None:
-            self.supervisor.request("signal")
+        # Without a config file too: the refresh finds the config given unchanged.
+        self.supervisor.request("signal")
 
     async def _watchdog(self, interval: float) -> None:
         while True:

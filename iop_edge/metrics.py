@@ -149,7 +149,7 @@ class EdgeMetrics:
         self,
         registry: CollectorRegistry,
         statistics: Callable[[], PoolStatistics],
-        supervisor: Callable[[], Supervisor | None],
+        supervisor: Callable[[], Supervisor],
         listeners: Callable[[], Iterable[ListenerStatistics]] | None = None,
         handover: Callable[[], HandoverStatistics | None] | None = None,
         *,

@@ -44,7 +44,8 @@ class ServeOptions:
     """How one ``iop-edge serve`` process runs (see the module docstring for the sources)."""
 
     #: the config file: watched and refreshed (the supervisor), read again by a restart;
-    #: without one (tests) there is no supervisor, console or restart
+    #: without one (embedded use, tests) the supervisor holds the config given, fixed, and
+    #: there is no console or restart
     config_path: Path | None = None
     #: the variables the config's ``${VAR}`` references read
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))

@@ -4,7 +4,8 @@ The pure core never reads the clock; the shell reads one injected :class:`Clock`
 drive time by hand (see :class:`iop_edge.testing.clock.FakeClock`). The scheduler's health
 checks run through a :data:`Prober` the daemon builds from the adapters. The supervisor
 refreshes from a :class:`ConfigSource` (``serve``'s watches the config file:
-:class:`iop_edge.config_source.FileConfigSource`).
+:class:`iop_edge.config_source.FileConfigSource`; a daemon given its config without a file
+holds it fixed: :class:`iop_edge.config_source.FixedConfigSource`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from iop_edge.config_file import ConfigSnapshot, Trigger
     from iop_edge.config_watch import WatchStatistics
 
@@ -44,6 +47,11 @@ class ConfigSource(Protocol):
     change of the file once settled, a SIGHUP), and a read on demand (a refresh the admin API
     asked for). Watching is the source's job; refreshing (load → classify → apply) the
     supervisor's, which tells the source what it took."""
+
+    @property
+    def path(self) -> Path | None:
+        """The config file; ``None`` when the config was given without one."""
+        ...
 
     @property
     def reads(self) -> int:

@@ -3,7 +3,9 @@
 The supervisor reads a :class:`~iop_edge.seams.ConfigSource` (``serve``'s is
 :class:`iop_edge.config_source.FileConfigSource`: the config file watched, settled, SIGHUP),
 which yields a :class:`~iop_edge.config_file.ConfigSnapshot` each time one is worth a refresh;
-watching is the source's job, refreshing this module's. Triggers:
+watching is the source's job, refreshing this module's. A daemon given its config without a
+file has a supervisor too: its source, :class:`iop_edge.config_source.FixedConfigSource`,
+holds that config, and a refresh finds it unchanged (see that module). Triggers:
 
 - ``file`` and ``signal``: the snapshots the source yields (see :mod:`iop_edge.config_source`
   for when: a change once settled, a SIGHUP at once).
@@ -53,7 +55,7 @@ from iop_edge.config_file import (
     read_secret_file,
     variables,
 )
-from iop_edge.config_source import FileConfigSource
+from iop_edge.config_source import FileConfigSource, FixedConfigSource
 from iop_edge.config_watch import WatchStatistics
 from iop_edge.errors import ConfigError, ConfigProblem
 from iop_edge.logs import Logger
@@ -122,8 +124,8 @@ class SupervisorStatistics:
     """A snapshot of the supervisor: the running config and its last refresh (read at scrape
     time by the metrics, rendered by ``/admin/status`` and ``STATUS=``)."""
 
-    path: str
-    """The config file."""
+    path: str | None
+    """The config file (``None``: the config was given without one)."""
     watching: bool
     """Whether the file is watched (``start(watch=...)``; ``reload.watch`` in the config)."""
     running_hash: str
@@ -183,13 +185,14 @@ class Supervisor:
 
     ``apply(config)`` must swap the live part in synchronously (scheduler policy and catalog in
     one go) or raise; ``listeners`` hear about every finished refresh (metrics, sd_notify).
-    ``source`` yields what to refresh; by default the file at ``path``, watched with the
-    timing of ``options``.
+    ``source`` yields what to refresh, and owns the path of the file it reads; by default the
+    file at ``path``, watched with the timing of ``options`` — or, when ``path`` is ``None``
+    (no file), ``running`` itself, fixed (:class:`~iop_edge.config_source.FixedConfigSource`).
     """
 
     def __init__(
         self,
-        path: Path,
+        path: Path | None,
         running: EdgeConfig,
         *,
         apply: Callable[[EdgeConfig], None],
@@ -200,7 +203,6 @@ class Supervisor:
         notifier: Notifier | None = None,
         source: ConfigSource | None = None,
     ) -> None:
-        self.path = path
         self.running = running
         self.running_hash = config_hash(running)
         self.generation = 1
@@ -215,18 +217,24 @@ class Supervisor:
         self._listeners = list(listeners or [])
         self._notifier = notifier or Notifier({})
         self._lock = asyncio.Lock()
-        self._source: ConfigSource = source or FileConfigSource(
-            path,
-            log=log,
-            failed=self._log_failure,
-            inotify=options.inotify,
-            debounce=options.debounce,
-            settle=options.settle,
-            settle_limit=options.settle_limit,
-            poll_interval=options.poll_interval,
-            read_deadline=options.deadline,
-            sleep=options.sleep,
-        )
+        if source is None:
+            source = (
+                FixedConfigSource(running)
+                if path is None
+                else FileConfigSource(
+                    path,
+                    log=log,
+                    failed=self._log_failure,
+                    inotify=options.inotify,
+                    debounce=options.debounce,
+                    settle=options.settle,
+                    settle_limit=options.settle_limit,
+                    poll_interval=options.poll_interval,
+                    read_deadline=options.deadline,
+                    sleep=options.sleep,
+                )
+            )
+        self._source: ConfigSource = source
         self._worker_task: asyncio.Task[None] | None = None
         self.runs = 0
 
@@ -453,8 +461,9 @@ class Supervisor:
 
     def statistics(self) -> SupervisorStatistics:
         """The supervisor as of now (the running config, its last refresh, the counts)."""
+        path = self._source.path
         return SupervisorStatistics(
-            path=str(self.path),
+            path=None if path is None else str(path),
             watching=self._source.watching,
             running_hash=self.running_hash,
             generation=self.generation,
@@ -468,7 +477,9 @@ class Supervisor:
 
     def __repr__(self) -> str:
         """The live state, for a debugger or a log line (the same words as ``STATUS=``)."""
-        return f"<Supervisor {self.path} {status_line(self)}; {self.runs} refresh(es) run>"
+        path = self._source.path
+        where = "without a config file" if path is None else str(path)
+        return f"<Supervisor {where} {status_line(self)}; {self.runs} refresh(es) run>"
 
 
 def status_line(supervisor: Supervisor) -> str:

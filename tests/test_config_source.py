@@ -3,7 +3,8 @@ the supervisor's; each reload hashes its configs once; ``statistics()`` is a fro
 that renders ``/admin/status``'s config part.
 
 The supervisor runs alone here, on a source the test feeds by hand (no file watch, no
-timing): every refresh is one the test caused, and is awaited as an event.
+timing), or on the fixed source of a config given without a file: every refresh is one the
+test caused, and is awaited as an event.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import pytest
 
 import iop_edge.config.refresh as refresh_module
 import iop_edge.supervisor as supervisor_module
-from iop_edge.config import parse_config
+from iop_edge.config import load_config, parse_config
 from iop_edge.config.refresh import config_hash
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config_file import ConfigSnapshot, Trigger
+from iop_edge.config_source import GIVEN_CONFIG, FixedConfigSource
 from iop_edge.config_watch import WatchStatistics
 from iop_edge.errors import ConfigError, ConfigProblem
 from iop_edge.logs import get_logger
@@ -237,3 +239,74 @@ async def test_statistics_is_a_frozen_snapshot_that_renders_the_status(path: Pat
         assert after.status_line().startswith(f"serving config {after.running_hash[:12]}")
     finally:
         await supervisor.stop()
+
+
+async def test_without_a_file_the_source_is_the_config_given_and_a_refresh_finds_it_unchanged(
+    hashed: list[Any],
+) -> None:
+    """A supervisor without a config file (``path`` None) reads a ``FixedConfigSource``: no
+    watch, no path, and every read yields the running config's own snapshot — its effective
+    config as YAML, which loads back to the same config even where a value holds a ``$`` or
+    came from the environment. So a refresh (asked for, or a SIGHUP's) answers as a refresh of
+    an unchanged file does: ``applied``, no change, errors or restart pending, the same hash
+    and generation, and the running config is still the one given."""
+    doc = doc_for()
+    doc["models"][0]["display_name"] = "costs $$5, not $${PRICE}: ${WHO}"
+    running = parse_config(doc, env={"WHO": "team-a"})
+    assert running.models[0].display_name == "costs $5, not ${PRICE}: team-a"
+    supervisor = Supervisor(None, running, apply=lambda config: None, env={}, log=get_logger())
+    records: asyncio.Queue[RefreshRecord] = asyncio.Queue()
+    supervisor.add_listener(records.put_nowait)
+    supervisor.start()
+    try:
+        assert (supervisor.watching, supervisor.watch_statistics().backend) == (False, "")
+        running_hash = supervisor.running_hash
+        hashed.clear()
+        result = await supervisor.refresh("api")
+        assert (result.result, result.report, result.errors) == ("applied", [], [])
+        assert result.config_hash == result.candidate_hash == running_hash
+        assert len(hashed) == 1  # the candidate alone: nothing was applied
+
+        supervisor.request("signal")  # what the daemon's SIGHUP handler does
+        supervisor.request("signal")  # coalesced with the one before
+        assert (await asyncio.wait_for(records.get(), timeout=15)).trigger == "api"
+        record = await asyncio.wait_for(records.get(), timeout=15)
+        assert (record.trigger, record.result.result, record.result.report) == (
+            "signal",
+            "applied",
+            [],
+        )
+        stats = supervisor.statistics()
+        assert (stats.path, stats.watching, stats.generation, stats.runs, stats.reads) == (
+            None,
+            False,
+            1,
+            2,
+            2,
+        )
+        assert (stats.running_hash, stats.restart_pending) == (running_hash, ())
+        assert supervisor.running is running
+        assert records.empty()
+        assert repr(supervisor).startswith("<Supervisor without a config file serving config ")
+    finally:
+        await supervisor.stop()
+
+
+async def test_a_fixed_source_yields_the_config_it_holds_as_a_file_would() -> None:
+    """Each read is the same content (one digest), under the trigger that asked, and loads to
+    the config held; the source never watches, whatever ``start`` is asked."""
+    config = parse_config(doc_for(capacity=3))
+    source = FixedConfigSource(config)
+    seam: ConfigSource = source
+    seam.start(watch=True)
+    first, second = await seam.read("api"), await seam.read("signal")
+    assert (first.path, first.trigger, second.trigger) == (GIVEN_CONFIG, "api", "signal")
+    assert first.digest == second.digest
+    assert seam.unchanged(first)
+    assert load_config(first.text()) == config
+    assert (seam.path, seam.watching, seam.reads) == (None, False, 2)
+    seam.request("file")
+    seam.request("signal")  # outranks the file event it coalesces with
+    snapshot = await asyncio.wait_for(anext(aiter(seam)), timeout=15)
+    assert (snapshot.trigger, snapshot.digest) == ("signal", first.digest)
+    await seam.stop()

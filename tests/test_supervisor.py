@@ -7,14 +7,17 @@ import os
 import subprocess
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from iop_edge.config import parse_config
+from iop_edge.config.refresh import config_hash
 from iop_edge.daemon import Daemon
 from iop_edge.options import ServeOptions
-from iop_edge.supervisor import SupervisorOptions
+from iop_edge.supervisor import RefreshRecord, SupervisorOptions
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import Edge, doc_for, dump, edge_on, rename_save, wait_for
@@ -212,3 +215,62 @@ async def test_raising_capacity_live_dispatches_waiting_requests_at_once(tmp_pat
             fake.release()
             replies = await asyncio.gather(*calls)
         assert len(replies) == 3
+
+
+async def test_a_daemon_without_a_config_file_has_a_supervisor_that_finds_its_config_unchanged():
+    """A daemon given its config without a file (embedded use, tests) has a supervisor all the
+    same, on the config given (:class:`~iop_edge.config_source.FixedConfigSource`): its
+    ``statistics()`` are readable (no path, no watch, generation 1, the running config's hash,
+    which ``/metrics`` shows too); a SIGHUP and a refresh asked for answer as a refresh of an
+    unchanged file does (``applied``, no change, the same hash and generation); and no console
+    is bound, as before (its listen address would be taken without a file to find it by)."""
+    config = parse_config(doc_for())
+    daemon = Daemon(config)
+    records: asyncio.Queue[RefreshRecord] = asyncio.Queue()
+    daemon.supervisor.add_listener(records.put_nowait)
+    await daemon.start()
+    try:
+        assert sorted(daemon.listeners) == ["metrics", "openai"]
+        stats = daemon.supervisor.statistics()
+        assert (stats.path, stats.watching, stats.generation, stats.last, stats.runs) == (
+            None,
+            False,
+            1,
+            None,
+            0,
+        )
+        assert stats.running_hash == config_hash(config)
+
+        daemon.supervisor.request("signal")  # what the daemon's SIGHUP handler does
+        record = await asyncio.wait_for(records.get(), timeout=15)
+        assert (record.trigger, record.result.result) == ("signal", "applied")
+        assert (record.result.report, record.result.errors) == ([], [])
+        assert record.result.config_hash == record.result.candidate_hash == stats.running_hash
+
+        result = await daemon.supervisor.refresh("api")
+        assert (result.result, result.report, result.config_hash) == (
+            "applied",
+            [],
+            stats.running_hash,
+        )
+        after = daemon.supervisor.statistics()
+        assert (after.generation, after.runs, after.reads) == (1, 2, 2)
+        assert after.running_hash == stats.running_hash
+        assert after.last is not None
+        assert after.last.trigger == "api"
+        assert daemon.supervisor.running is config
+
+        async with aiohttp.ClientSession() as session, session.get(daemon.metrics_url) as r:
+            text = await r.text()
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        assert samples[("iop_edge_config_info", (("hash", stats.running_hash),))] == 1
+        assert samples[("iop_edge_config_last_reload_successful", ())] == 1
+        for trigger in ("signal", "api"):
+            key = (("result", "applied"), ("trigger", trigger))
+            assert samples[("iop_edge_config_reloads_total", key)] == 1
+    finally:
+        await daemon.stop()
