@@ -235,7 +235,6 @@ async def test_a_console_whose_connections_all_run_handlers_refuses_the_newcomer
             ]
             await wait_for(lambda: classify.calls == 1)
             await wait_for(lambda: listener.statistics().open_connections == 64)
-            assert daemon.supervisor is not None
             status, body = await raw_exchange(
                 listener.host, listener.port, raw_request("GET", "/admin/status")
             )

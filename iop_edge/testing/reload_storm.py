@@ -74,13 +74,11 @@ class WatchedEdge:
         self.daemon = daemon
         self.path = path
         self.records: list[RefreshRecord] = []
-        assert daemon.supervisor is not None
         daemon.supervisor.add_listener(self.records.append)
 
     @property
     def supervisor(self) -> Supervisor:
         """The daemon's supervisor (always present: the daemon watches a file)."""
-        assert self.daemon.supervisor is not None
         return self.daemon.supervisor
 
     async def admin_refresh(self, session: aiohttp.ClientSession) -> dict[str, Any]:

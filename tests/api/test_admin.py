@@ -114,7 +114,6 @@ async def test_without_a_token_only_loopback_host_names_reach_the_admin_api(tmp_
             assert status == 403
             assert body["error"]["code"] == "host_not_allowed"
             assert "console.admin_token_sha256" in body["error"]["message"]
-        assert daemon.supervisor is not None
         assert daemon.supervisor.last is None  # the refused refresh never ran
 
 
@@ -130,7 +129,6 @@ async def test_the_admin_api_answers_no_browser_origin(tmp_path, guarded_doc, wi
             )
             assert (status, body["error"]["code"]) == (403, "origin_not_allowed")
             assert "answers no web page" in body["error"]["message"]
-        assert daemon.supervisor is not None
         assert daemon.supervisor.last is None
 
 
@@ -152,7 +150,6 @@ async def test_a_form_post_to_the_admin_api_is_415(tmp_path):
             )
             assert (status, body["error"]["code"]) == (415, "unsupported_media_type")
             assert repr(content_type) in body["error"]["message"]
-        assert daemon.supervisor is not None
         assert daemon.supervisor.last is None
         status, body = await call(daemon, "POST", "/admin/config/refresh?mode=apply")
         assert (status, body["result"]) == (200, "applied")
@@ -319,7 +316,6 @@ async def test_a_candidate_in_the_body_is_judged_against_the_live_state_not_the_
             ("nodes[n1].providers[cat].capacity", "live", 1, 3, False),
             ("nodes[n1].providers[cat].long_context_capacity", "live", 1, 3, False),
         ]
-        assert daemon.supervisor is not None
         assert result["config_hash"] == daemon.supervisor.running_hash
         caps = [p.capacity for p in daemon.scheduler.statistics().providers]
         assert caps == [1]
@@ -373,7 +369,6 @@ async def test_a_candidate_with_mode_apply_is_refused_and_nothing_runs(tmp_path)
         )
         assert "judged with mode=dry_run only" in body["error"]["message"]
         assert "mode='apply'" in body["error"]["message"]
-        assert daemon.supervisor is not None
         assert (daemon.supervisor.last, daemon.supervisor.runs) == (None, 0)
         assert [p.capacity for p in daemon.scheduler.statistics().providers] == [1]
 
@@ -406,7 +401,6 @@ async def test_a_malformed_candidate_body_is_400_naming_the_field(tmp_path, data
             param,
         )
         assert says in body["error"]["message"]
-        assert daemon.supervisor is not None
         assert daemon.supervisor.runs == 0
 
 
@@ -485,5 +479,4 @@ async def test_refresh_candidate_from_the_cli_says_would_apply_and_uses_the_daem
         assert f"cannot read config {tmp_path / 'nope.yaml'}" in missing.stderr
         assert [p.capacity for p in daemon.scheduler.statistics().providers] == [1]
         assert (tmp_path / "edge.yaml").read_bytes() == on_disk
-        assert daemon.supervisor is not None
         assert daemon.supervisor.last is None

@@ -183,12 +183,10 @@ class Edge:
         self.daemon = daemon
         self.path = path
         self.records: asyncio.Queue[RefreshRecord] = asyncio.Queue()
-        assert daemon.supervisor is not None
         daemon.supervisor.add_listener(self.records.put_nowait)
 
     @property
     def supervisor(self) -> Supervisor:
-        assert self.daemon.supervisor is not None
         return self.daemon.supervisor
 
     async def next_record(self) -> RefreshRecord:
