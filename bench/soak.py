@@ -58,7 +58,7 @@ import openai
 import orjson
 import yaml
 
-from iop_edge.logs import configure_logging
+from iop_edge.runtime.logs import configure_logging
 from iop_edge.testing.config_fuzz import fuzz_texts, run_config_fuzz
 from iop_edge.testing.edge_process import (
     EdgeProcess,

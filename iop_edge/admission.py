@@ -29,7 +29,6 @@ from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 
-from iop_edge.clock import MonotonicClock
 from iop_edge.errors import AdmissionError
 from iop_edge.pool import (
     ANONYMOUS,
@@ -49,6 +48,7 @@ from iop_edge.pool import (
     RequestState,
     SlotLease,
 )
+from iop_edge.runtime.clock import MonotonicClock
 from iop_edge.seams import Clock, Prober, ProbeResult
 
 __all__ = ["AdmissionScheduler", "HealthListener", "Lease", "MonotonicClock"]

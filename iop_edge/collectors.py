@@ -24,7 +24,7 @@ from iop_edge.pool import PoolStatistics
 
 if TYPE_CHECKING:
     from iop_edge.handover.channel import HandoverStatistics
-    from iop_edge.listeners import ListenerStatistics
+    from iop_edge.runtime.listeners import ListenerStatistics
     from iop_edge.supervisor import Supervisor, SupervisorStatistics
 
 __all__ = ["Family", "HandoverCollector", "ListenerCollector", "StateCollector"]
@@ -284,7 +284,7 @@ LISTENER_FAMILIES = (LISTENER_CONNECTIONS, LISTENER_MAX_CONNECTIONS, LISTENER_CO
 
 class ListenerCollector(Collector):
     """The listeners' connections and what their guards refused or cut, read at scrape time
-    from each :meth:`iop_edge.listeners.Listener.statistics`."""
+    from each :meth:`iop_edge.runtime.listeners.Listener.statistics`."""
 
     def __init__(self, listeners: Callable[[], Iterable[ListenerStatistics]]) -> None:
         self._listeners = listeners

@@ -49,7 +49,7 @@ from iop_edge.config import EdgeConfig, dump_config
 from iop_edge.config_file import ConfigSnapshot, Trigger, snapshot_config_file
 from iop_edge.config_watch import ConfigWatch, InotifyUnavailable, WatchStatistics
 from iop_edge.errors import ConfigError, ConfigProblem
-from iop_edge.logs import Logger
+from iop_edge.runtime.logs import Logger
 
 __all__ = ["GIVEN_CONFIG", "FailureLog", "FileConfigSource", "FixedConfigSource"]
 

@@ -26,7 +26,6 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from iop_edge import sighup
 from iop_edge.adapters.cli_process import KILL_GRACE_SECONDS
 from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, MonotonicClock
@@ -42,22 +41,23 @@ from iop_edge.errors import RequestError
 from iop_edge.handover.coordinator import HandoverCoordinator
 from iop_edge.handover.relay import HandoverRelay
 from iop_edge.handover.result import HandedOver
-from iop_edge.lifecycle import Lifecycle, Phase
-from iop_edge.listeners import (
+from iop_edge.metrics import EdgeMetrics
+from iop_edge.options import ServeOptions
+from iop_edge.pool import HealthEvent, ProviderKey
+from iop_edge.runtime import signals
+from iop_edge.runtime.lifecycle import Lifecycle, Phase
+from iop_edge.runtime.listeners import (
     ADMIN_MAX_CONNECTIONS,
     ConnectionLimits,
     FdLimit,
     Listener,
     raise_fd_limit,
 )
-from iop_edge.logs import Logger, RequestLineWriter, flush_logs, get_logger
-from iop_edge.metrics import EdgeMetrics
-from iop_edge.options import ServeOptions
-from iop_edge.pool import HealthEvent, ProviderKey
+from iop_edge.runtime.logs import Logger, RequestLineWriter, flush_logs, get_logger
+from iop_edge.runtime.systemd import Notifier
 from iop_edge.runtime_record import remove_record, write_record
 from iop_edge.seams import Clock
 from iop_edge.supervisor import Supervisor, status_line
-from iop_edge.systemd import Notifier
 
 GC_THRESHOLDS: Final = (50_000, 20, 20)
 """The collector's thresholds in ``serve`` (Python's are 700, 10, 10). Requests free their
@@ -93,10 +93,10 @@ class Daemon:
     write_request_line: RequestLineWriter | None = None
     #: systemd's notification socket; silenced once a handover passed it to the new process
     notifier: Notifier = field(default_factory=Notifier)
-    #: listening sockets passed in, by listener name (:mod:`iop_edge.activation`): used
+    #: listening sockets passed in, by listener name (:mod:`iop_edge.runtime.activation`): used
     #: instead of binding that listener's configured address
     inherited: dict[str, socket.socket] = field(default_factory=dict)
-    #: where this process is in its life (:mod:`iop_edge.lifecycle`): the daemon and its
+    #: where this process is in its life (:mod:`iop_edge.runtime.lifecycle`): the daemon and its
     #: handover move it, the server reads it
     lifecycle: Lifecycle = field(default_factory=Lifecycle, init=False)
     #: the handover, either side of it (:mod:`iop_edge.handover`), and its relay
@@ -432,7 +432,7 @@ class Daemon:
 
         SIGHUP asks the supervisor for a refresh, SIGUSR2 for a restart. ``early_signals``
         holds those that arrived before the loop's handlers were installed
-        (:mod:`iop_edge.sighup`): a SIGHUP among them queues one refresh once started; a
+        (:mod:`iop_edge.runtime.signals`): a SIGHUP among them queues one refresh once started; a
         SIGUSR2 is logged and ignored (the process runs what it has just loaded). The soft
         open-file limit is raised to the hard one first.
         """
@@ -452,7 +452,7 @@ class Daemon:
             await self.stopped.wait()
         finally:
             await self.stop()
-            sighup.hand_back(loop)
+            signals.hand_back(loop)
         return 0
 
     def _log_fd_limit(self, limit: FdLimit) -> None:
@@ -486,7 +486,7 @@ class Daemon:
 
     def _restart_signal_ignored(self, phase: Phase) -> None:
         if phase is Phase.STARTING:
-            message = sighup.RESTART_SIGNAL_WHILE_STARTING
+            message = signals.RESTART_SIGNAL_WHILE_STARTING
         else:
             message = f"a restart signal (SIGUSR2) is ignored: {Lifecycle.refusal_in(phase)}"
         self.log.warning(

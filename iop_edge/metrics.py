@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from iop_edge.api.record import RequestRecord
     from iop_edge.config.schema import EdgeConfig
     from iop_edge.handover.channel import HandoverStatistics
-    from iop_edge.listeners import ListenerStatistics
+    from iop_edge.runtime.listeners import ListenerStatistics
     from iop_edge.supervisor import RefreshRecord, Supervisor
 
 __all__ = ["UNKNOWN_MODEL", "EdgeMetrics", "latency_buckets", "max_request_timeout_ms"]

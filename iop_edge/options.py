@@ -6,7 +6,7 @@ test, and read by :class:`iop_edge.daemon.Daemon` and what it builds; nothing ch
 the process runs. The live parts — the loaded config, the clock, the logger, the sd_notify
 socket, the listening sockets passed in, the metrics registry — are handed to the daemon beside
 it, and the state of the running process lives in the objects it builds (the lifecycle phase in
-:mod:`iop_edge.lifecycle`, the handover in :mod:`iop_edge.handover`).
+:mod:`iop_edge.runtime.lifecycle`, the handover in :mod:`iop_edge.handover`).
 
 Where each option comes from in ``serve``:
 

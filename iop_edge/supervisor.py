@@ -58,9 +58,9 @@ from iop_edge.config_file import (
 from iop_edge.config_source import FileConfigSource, FixedConfigSource
 from iop_edge.config_watch import WatchStatistics
 from iop_edge.errors import ConfigError, ConfigProblem
-from iop_edge.logs import Logger
+from iop_edge.runtime.logs import Logger
+from iop_edge.runtime.systemd import Notifier
 from iop_edge.seams import ConfigSource
-from iop_edge.systemd import Notifier
 
 __all__ = [
     "RefreshRecord",

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from iop_edge.logs import configure_logging
+from iop_edge.runtime.logs import configure_logging
 from tests.helpers import LogCapture
 
 settings.register_profile(

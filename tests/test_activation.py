@@ -1,4 +1,4 @@
-"""Listening sockets passed in (systemd socket activation, :mod:`iop_edge.activation`):
+"""Listening sockets passed in (systemd socket activation, :mod:`iop_edge.runtime.activation`):
 ``iop-edge serve`` started with ``LISTEN_FDS`` serves on the sockets it was given — a real
 subprocess, real sockets — and a connection the kernel queued on a passed socket before the
 daemon was up is answered, not refused. The reading of the variables, rule by rule.
@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import yaml
 
-from iop_edge.activation import (
+from iop_edge.runtime.activation import (
     ActivationError,
     activation_argv,
     activation_env,

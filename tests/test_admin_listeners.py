@@ -32,8 +32,8 @@ from iop_edge.admission import MonotonicClock
 from iop_edge.config import parse_config
 from iop_edge.config.refresh import refresh
 from iop_edge.daemon import Daemon
-from iop_edge.listeners import ADMIN_MAX_CONNECTIONS, Listener
 from iop_edge.options import ServeOptions
+from iop_edge.runtime.listeners import ADMIN_MAX_CONNECTIONS, Listener
 from iop_edge.supervisor import SupervisorOptions
 from iop_edge.testing.clock import FakeClock
 from tests.helpers import wait_for

@@ -15,8 +15,8 @@ from prometheus_client.registry import Collector, DuplicateTimeseries
 from iop_edge.collectors import HandoverCollector, ListenerCollector, StateCollector
 from iop_edge.config import parse_config
 from iop_edge.config.policy import pool_policy
-from iop_edge.logs import get_logger
 from iop_edge.pool import PoolScheduler, PoolStatistics
+from iop_edge.runtime.logs import get_logger
 from iop_edge.supervisor import Supervisor
 from tests.helpers import doc_for, dump
 

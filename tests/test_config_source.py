@@ -27,7 +27,7 @@ from iop_edge.config_file import ConfigSnapshot, Trigger
 from iop_edge.config_source import GIVEN_CONFIG, FixedConfigSource
 from iop_edge.config_watch import WatchStatistics
 from iop_edge.errors import ConfigError, ConfigProblem
-from iop_edge.logs import get_logger
+from iop_edge.runtime.logs import get_logger
 from iop_edge.seams import ConfigSource
 from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorStatistics
 from tests.helpers import doc_for, dump

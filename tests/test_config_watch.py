@@ -29,8 +29,8 @@ from iop_edge.config import parse_config
 from iop_edge.config.refresh import refresh
 from iop_edge.config_watch import watched_names
 from iop_edge.daemon import Daemon
-from iop_edge.logs import flush_logs
 from iop_edge.options import ServeOptions
+from iop_edge.runtime.logs import flush_logs
 from iop_edge.supervisor import SupervisorOptions
 from tests.helpers import Edge, doc_for, dump, rename_save, wait_for
 

@@ -224,7 +224,7 @@ def ns_pid(pid: int) -> int:
 
 def test_the_entrypoint_as_pid_1_reaps_orphans_restarts_and_drains(tmp_path):
     """The entrypoint as PID 1 of a new PID namespace, as in a container, is the thin parent
-    (:mod:`iop_edge.parent`) of the server. PID 1 ignores a signal it has no handler for: it
+    (:mod:`iop_edge.runtime.parent`) of the server. PID 1 ignores a signal it has no handler for: it
     handles SIGHUP and SIGTERM itself (no shell in between) and forwards them. SIGHUP
     refreshes; the background jobs a CLI agent leaves behind come to PID 1 and are reaped (as
     the server was PID 1 itself, each became a zombie); ``POST /admin/restart`` hands over

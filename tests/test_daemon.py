@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from iop_edge.daemon import GC_THRESHOLDS
+from iop_edge.runtime.systemd import Notifier
 from iop_edge.runtime_record import record_name
-from iop_edge.systemd import Notifier
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import IOP_EDGE, ROOT, doc_for, dump, edge_on, rename_save

@@ -1,11 +1,11 @@
-"""The lifecycle phase of a daemon process (issue 25, :mod:`iop_edge.lifecycle`): the moves it
-allows, and that a restart may begin in ``ready`` only — a stop never becomes a restart."""
+"""The lifecycle phase of a daemon process (issue 25, :mod:`iop_edge.runtime.lifecycle`): the
+moves it allows, and that a restart may begin in ``ready`` only — a stop never becomes a restart."""
 
 from __future__ import annotations
 
 import pytest
 
-from iop_edge.lifecycle import Lifecycle, LifecycleError, Phase
+from iop_edge.runtime.lifecycle import Lifecycle, LifecycleError, Phase
 
 
 def at(*moves: Phase) -> Lifecycle:

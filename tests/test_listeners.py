@@ -30,8 +30,8 @@ from aiohttp import web
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
 from iop_edge.errors import ListenError
-from iop_edge.listeners import REFUSAL_LINGER, ConnectionLimits, Listener
-from iop_edge.logs import get_logger
+from iop_edge.runtime.listeners import REFUSAL_LINGER, ConnectionLimits, Listener
+from iop_edge.runtime.logs import get_logger
 from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI

@@ -15,7 +15,7 @@ import pytest
 
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon
-from iop_edge.logs import (
+from iop_edge.runtime.logs import (
     FLUSH_BYTES,
     configure_logging,
     escape_controls,
@@ -201,7 +201,7 @@ def test_lines_queued_when_the_process_exits_are_written():
     reaches the log: the writer is flushed at exit."""
     script = (
         "import asyncio, sys\n"
-        "from iop_edge.logs import configure_logging, get_logger\n"
+        "from iop_edge.runtime.logs import configure_logging, get_logger\n"
         "configure_logging('info', 'json', sys.stdout)\n"
         "async def main():\n"
         "    get_logger().warning('last_words')\n"

@@ -1,4 +1,4 @@
-"""The thin parent of ``iop-edge serve`` outside systemd (issue 25, :mod:`iop_edge.parent`).
+"""The thin parent of ``iop-edge serve`` outside systemd (issue 25, :mod:`iop_edge.runtime.parent`).
 
 Real processes: ``iop-edge serve`` run in the foreground, as a shell or ``make run`` runs it.
 The process started stays across ``iop-edge restart`` (no request fails), forwards SIGTERM and
@@ -22,8 +22,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from iop_edge.parent import exit_code, wanted
-from iop_edge.sighup import RESTART_SIGNAL_WHILE_STARTING
+from iop_edge.runtime.parent import exit_code, wanted
+from iop_edge.runtime.signals import RESTART_SIGNAL_WHILE_STARTING
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import BOUND, IOP_EDGE, child_states, doc_for, only_child, post

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from iop_edge.admission import AdmissionScheduler, MonotonicClock
 from iop_edge.config import load_config
-from iop_edge.logs import get_logger
 from iop_edge.pool import PoolPolicy, PoolScheduler, ProviderPolicy
+from iop_edge.runtime.logs import get_logger
 from iop_edge.supervisor import Supervisor, status_line
 
 POLICY = PoolPolicy(

@@ -40,8 +40,8 @@ from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.cli import build_parser
 from iop_edge.config import parse_config
 from iop_edge.daemon import Daemon, cancel_reserve
-from iop_edge.logs import configure_logging, flush_logs
 from iop_edge.options import ServeOptions
+from iop_edge.runtime.logs import configure_logging, flush_logs
 from iop_edge.supervisor import SupervisorOptions
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
@@ -296,7 +296,7 @@ def test_sighup_while_the_daemon_starts_is_remembered_not_fatal(tmp_path):
 
     The burst starts once a third-party extension module is mapped, not at ``Popen``: the
     interpreter's own start, before any code of the package runs, is the one window no Python
-    program can cover (:mod:`iop_edge.sighup`)."""
+    program can cover (:mod:`iop_edge.runtime.signals`)."""
     config = write_config(tmp_path, doc_for())
     with served(config, "--no-parent") as daemon:  # (the parent's part: tests/test_parent.py)
         pid = daemon.process.pid

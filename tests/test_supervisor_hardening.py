@@ -38,8 +38,8 @@ import pytest
 from iop_edge.config import parse_config
 from iop_edge.config.refresh import refresh
 from iop_edge.daemon import Daemon
-from iop_edge.logs import flush_logs
 from iop_edge.options import ServeOptions
+from iop_edge.runtime.logs import flush_logs
 from iop_edge.supervisor import Supervisor, SupervisorOptions
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI

@@ -18,7 +18,7 @@ timeout while exchanges keep coming, not once per exchange (a timer per exchange
 3 % of a request's CPU).
 
 Time is read from, and the timers armed on, one injected :class:`~iop_edge.seams.Clock` (the
-daemon's; :class:`~iop_edge.clock.MonotonicClock` by default), so a test drives every bound
+daemon's; :class:`~iop_edge.runtime.clock.MonotonicClock` by default), so a test drives every bound
 with a :class:`~iop_edge.testing.clock.FakeClock` and waits for none.
 
 At a deadline the exchange stops whatever it waits for: an HTTP exchange reading a body has its
@@ -36,8 +36,8 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
-from iop_edge.clock import MonotonicClock
 from iop_edge.errors import AdapterError
+from iop_edge.runtime.clock import MonotonicClock
 
 if TYPE_CHECKING:
     from iop_edge.adapters.base import StreamBounds

@@ -71,10 +71,10 @@ from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
 from iop_edge.envelope import envelope
 from iop_edge.errors import AdapterError, AdmissionError, IopEdgeError, RequestError
-from iop_edge.lifecycle import Lifecycle, Phase
-from iop_edge.listeners import ConnectionGuard
-from iop_edge.logs import Logger, RequestLineWriter, structured_request_line
 from iop_edge.pool import ANONYMOUS, Failure
+from iop_edge.runtime.lifecycle import Lifecycle, Phase
+from iop_edge.runtime.listeners import ConnectionGuard
+from iop_edge.runtime.logs import Logger, RequestLineWriter, structured_request_line
 from iop_edge.seams import Clock
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ class OpenAIServer:
     @property
     def ready(self) -> bool:
         """Whether ``/readyz`` says ready: in the phase ``ready``, and while handing over
-        until the leases went to the new process (:mod:`iop_edge.lifecycle`)."""
+        until the leases went to the new process (:mod:`iop_edge.runtime.lifecycle`)."""
         return self.lifecycle.phase in _SERVING_PHASES and not self.relay.handed_over
 
     def swap_catalog(self, catalog: Catalog) -> None:

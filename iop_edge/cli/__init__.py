@@ -16,9 +16,9 @@ from __future__ import annotations
 # Before every other import (they take a few hundred milliseconds), the submodules of this
 # package included: importing any of them runs this first. From here on a SIGHUP or SIGUSR2 sent
 # to `iop-edge serve` is remembered for the daemon instead of killing the process
-# (iop_edge.sighup); outside systemd the process runs, from this import on, as the thin parent
-# of the server, and exits with the server's status (iop_edge.parent).
-from iop_edge import parent, sighup  # noqa: F401 (imported for what importing them does)
+# (iop_edge.runtime.signals); outside systemd the process runs, from this import on, as the
+# thin parent of the server, and exits with the server's status (iop_edge.runtime.parent).
+from iop_edge.runtime import parent, signals  # noqa: F401 (imported for what importing them does)
 
 # isort: split
 

@@ -1,8 +1,8 @@
 """``iop-edge serve``: run the daemon until SIGTERM or SIGINT.
 
-:mod:`iop_edge.cli` imports :mod:`iop_edge.parent` and :mod:`iop_edge.sighup` before this
-module and anything else: by the time this runs, SIGHUP and SIGUSR2 are remembered, and outside
-systemd (unless ``--no-parent``) this process is the server the thin parent started. The
+:mod:`iop_edge.cli` imports :mod:`iop_edge.runtime.parent` and :mod:`iop_edge.runtime.signals`
+before this module and anything else: by the time this runs, SIGHUP and SIGUSR2 are remembered,
+and outside systemd (unless ``--no-parent``) this process is the server the thin parent started. The
 daemon's own modules are imported inside the command, not with the command line: the other
 commands do not load them.
 """
@@ -16,22 +16,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from iop_edge import parent, sighup
 from iop_edge.cli.arguments import CONFIG_HELP, EXIT_INVALID, default_config_path
 from iop_edge.cli.config_commands import read_config
 from iop_edge.cli.render import print_problems
 from iop_edge.config import ConfigError
 from iop_edge.config_file import ServiceEnvironment
+from iop_edge.runtime import parent, signals
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``iop-edge serve --config FILE``: run the daemon until SIGTERM/SIGINT."""
-    from iop_edge.activation import ActivationError, inherited_sockets
     from iop_edge.daemon import Daemon
     from iop_edge.handover.channel import HANDOVER_FD_ENV
     from iop_edge.options import ServeOptions
+    from iop_edge.runtime.activation import ActivationError, inherited_sockets
 
-    with sighup.early_signals() as early:  # kept from its import-time handler, never default
+    with signals.early_signals() as early:  # kept from its import-time handler, never default
         try:
             inherited = inherited_sockets()
             handover = os.environ.pop(HANDOVER_FD_ENV, None)
@@ -52,7 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"iop-edge serve: the config {args.config} is not valid:", file=sys.stderr)
             print_problems(exc, False)
             return EXIT_INVALID
-        from iop_edge.logs import configure_logging, get_logger
+        from iop_edge.runtime.logs import configure_logging, get_logger
 
         logs = configure_logging(config.logging.level, config.logging.format)
         options = ServeOptions(

@@ -2,9 +2,9 @@
 carries (``iop-edge restart``; the package :mod:`iop_edge.handover`).
 
 The running process (old) starts the new one with the same program and arguments, passing its
-listening sockets by the socket-activation convention (:mod:`iop_edge.activation`) and one end
-of a private channel (a Unix socketpair; its descriptor in ``IOP_EDGE_HANDOVER_FD``). Over the
-channel, newline-delimited JSON:
+listening sockets by the socket-activation convention (:mod:`iop_edge.runtime.activation`) and
+one end of a private channel (a Unix socketpair; its descriptor in ``IOP_EDGE_HANDOVER_FD``).
+Over the channel, newline-delimited JSON:
 
 1. new → old ``{"type": "ready", "pid": N, "openai": URL, "secret": S}``: new loaded its
    config, built its adapters and bound the sockets, but does not accept yet.

@@ -24,7 +24,6 @@ import subprocess
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from iop_edge.activation import LISTENER_NAMES, activation_argv, activation_env
 from iop_edge.admission import AdmissionScheduler
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config_file import load_config_file
@@ -46,10 +45,11 @@ from iop_edge.handover.result import (
     RestartRefused,
     RestartResult,
 )
-from iop_edge.lifecycle import Lifecycle, Phase
-from iop_edge.listeners import Listener
-from iop_edge.logs import Logger
 from iop_edge.options import ServeOptions
+from iop_edge.runtime.activation import LISTENER_NAMES, activation_argv, activation_env
+from iop_edge.runtime.lifecycle import Lifecycle, Phase
+from iop_edge.runtime.listeners import Listener
+from iop_edge.runtime.logs import Logger
 from iop_edge.seams import Clock
 
 __all__ = ["HANDOVER_IDLE_GRACE", "HandoverCoordinator"]
@@ -148,12 +148,12 @@ class HandoverCoordinator:
         command (``iop-edge restart``, ``SIGUSR2``; issue 14).
 
         Only a ready process restarts: while it starts, hands over, drains after a handover or
-        stops, the restart is refused with its ``phase`` (:mod:`iop_edge.lifecycle`; a stop
+        stops, the restart is refused with its ``phase`` (:mod:`iop_edge.runtime.lifecycle`; a stop
         never becomes a restart). The config file is validated first: if it does not load,
         nothing happens and the answer lists its problems. If the new process fails to start
         or to become ready, it is stopped and this one keeps serving. Once it is ready, this
         process stops accepting, reports its leases, tells systemd (or the thin parent,
-        :mod:`iop_edge.parent`) the new main pid, and drains (``on_idle`` once idle).
+        :mod:`iop_edge.runtime.parent`) the new main pid, and drains (``on_idle`` once idle).
         """
         refusal = self.lifecycle.restart_refusal()
         if refusal is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from iop_edge.errors import ConfigProblem
-from iop_edge.lifecycle import Phase
+from iop_edge.runtime.lifecycle import Phase
 
 __all__ = [
     "HandedOver",

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from iop_edge.daemon import Daemon
-from iop_edge.logs import configure_logging
+from iop_edge.runtime.logs import configure_logging
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import LogCapture

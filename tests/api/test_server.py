@@ -11,7 +11,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from iop_edge.adapters.base import UpstreamCall, UpstreamReply
-from iop_edge.lifecycle import Phase
+from iop_edge.runtime.lifecycle import Phase
 from iop_edge.testing.fake_behavior import FakeBehavior
 from tests.helpers import pass_deadline, wait_for
 from tests.helpers.api import OTHER_TOKEN, TOKEN, edge_client, edge_doc

@@ -28,7 +28,7 @@ from iop_edge.config.limits import MAX_DEPTH
 from iop_edge.config.redact import REDACTED
 from iop_edge.config.refresh import RefreshResult
 from iop_edge.config_file import MAX_FILE_BYTES
-from iop_edge.logs import Logger
+from iop_edge.runtime.logs import Logger
 from iop_edge.supervisor import Supervisor
 from tests.helpers.config import MINIMAL_YAML, base_doc, node
 from tests.helpers.limits import (

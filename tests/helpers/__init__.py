@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from iop_edge.config import parse_config
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.daemon import Daemon
-from iop_edge.logs import flush_logs
 from iop_edge.options import ServeOptions
+from iop_edge.runtime.logs import flush_logs
 from iop_edge.supervisor import RefreshRecord, Supervisor, SupervisorOptions
 from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_openai import FakeOpenAI
@@ -70,7 +70,7 @@ FAKE_CLI = [sys.executable, "-m", "iop_edge.testing.fake_cli"]
 
 class LogCapture(io.StringIO):
     """The log as a file would have it: reading it first writes out the lines the edge queued
-    (it writes in batches, up to 20 ms late; :class:`iop_edge.logs.LineWriter`)."""
+    (it writes in batches, up to 20 ms late; :class:`iop_edge.runtime.logs.LineWriter`)."""
 
     def getvalue(self) -> str:
         flush_logs()

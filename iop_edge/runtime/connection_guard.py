@@ -2,7 +2,7 @@
 
 A :class:`ConnectionGuard` is the protocol the event loop sees for a connection; it forwards
 every callback to aiohttp's ``RequestHandler`` and enforces its listener's rules (listed in
-:mod:`iop_edge.listeners`) with at most one timer at a time: the request head's, a request
+:mod:`iop_edge.runtime.listeners`) with at most one timer at a time: the request head's, a request
 body's, a write stall's, or a refused connection's linger. It also knows what the connection
 is doing — waiting for a head or for the rest of a body, running a handler, idle between
 kept-alive requests — so that a listener at its cap can evict one that serves nothing.
@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.streams import StreamReader
 
 if TYPE_CHECKING:
-    from iop_edge.listeners import Listener
+    from iop_edge.runtime.listeners import Listener
 
 __all__ = ["REFUSAL_LINGER", "ConnectionGuard"]
 
@@ -43,8 +43,8 @@ _IDLE: Final = 3  # between two requests of a kept-alive connection
 class ConnectionGuard(asyncio.Protocol):
     """The protocol the event loop sees for one connection: it forwards every callback to
     aiohttp's ``RequestHandler`` and enforces the listener's cap and timeouts (see
-    :mod:`iop_edge.listeners`). A streaming relay finds it with :meth:`of` and registers with
-    :meth:`watch`."""
+    :mod:`iop_edge.runtime.listeners`). A streaming relay finds it with :meth:`of` and registers
+    with :meth:`watch`."""
 
     __slots__ = (
         "_cancel_timer",

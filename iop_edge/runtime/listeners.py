@@ -1,6 +1,6 @@
 """The daemon's listening sockets: aiohttp behind a thin per-connection guard.
 
-aiohttp speaks HTTP; a :class:`~iop_edge.connection_guard.ConnectionGuard` sits between each
+aiohttp speaks HTTP; a :class:`~iop_edge.runtime.connection_guard.ConnectionGuard` sits between each
 accepted transport and aiohttp's protocol and adds what a daemon facing broken or hostile
 clients needs (issues 10 and 25), with at most one timer of its own per connection at a time;
 a :class:`Listener` holds a listener's guards, its limits and its counters:
@@ -52,10 +52,10 @@ from typing import Any, Final, cast
 from aiohttp import web
 
 from iop_edge.config.address import ListenAddress
-from iop_edge.connection_guard import REFUSAL_LINGER, ConnectionGuard
 from iop_edge.envelope import envelope
 from iop_edge.errors import ListenError
-from iop_edge.logs import Logger, RateLimiter
+from iop_edge.runtime.connection_guard import REFUSAL_LINGER, ConnectionGuard
+from iop_edge.runtime.logs import Logger, RateLimiter
 from iop_edge.seams import Clock
 
 __all__ = [
@@ -248,8 +248,8 @@ class Listener:
         serve: bool = True,
     ) -> Listener:
         """Serve ``app`` on ``address`` (``HOST:PORT``, ``[::1]:PORT``), or on ``sock``, a
-        listening socket passed in (:mod:`iop_edge.activation`), whatever its address. Client
-        disconnects cancel their handler; keep-alive idles end after
+        listening socket passed in (:mod:`iop_edge.runtime.activation`), whatever its address.
+        Client disconnects cancel their handler; keep-alive idles end after
         ``limits.keepalive_timeout``."""
         runner = web.AppRunner(
             app,

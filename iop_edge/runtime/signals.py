@@ -11,7 +11,7 @@ SIGUSR2 that arrived before is logged and ignored — the process runs the progr
 it has just loaded, and the operator sends it again to restart.
 
 Only the interpreter's own start, before any code of this package runs, is left uncovered
-(outside systemd the thin parent, :mod:`iop_edge.parent`, holds both signals back until the
+(outside systemd the thin parent, :mod:`iop_edge.runtime.parent`, holds both signals back until the
 server it started is ready).
 
 This module is small on purpose: it must not import anything that takes time to load.

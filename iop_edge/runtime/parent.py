@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 # (light; importing it in `serve` puts its remembering handlers in, which catch_signals then
 # replaces with the parent's own)
-from iop_edge.sighup import RESTART_SIGNAL_WHILE_STARTING
+from iop_edge.runtime.signals import RESTART_SIGNAL_WHILE_STARTING
 
 if TYPE_CHECKING:  # (not loaded at run time: the parent stays light)
     from collections.abc import Mapping, Sequence
