@@ -60,7 +60,7 @@ def test_the_runtime_loads_nothing_of_the_edge_alone():
     assert not leaked, f"importing the runtime loads edge-only modules: {leaked}"
 
 
-async def test_a_second_program_runs_on_the_runtime_alone(tmp_path: Path):
+async def test_a_second_program_runs_on_the_runtime_alone(tmp_path: Path) -> None:
     """A lifecycle, a listener and sd_notify: what ``iop-node`` needs from the shell, used
     without a daemon."""
     notify_path = tmp_path / "notify"
@@ -85,10 +85,12 @@ async def test_a_second_program_runs_on_the_runtime_alone(tmp_path: Path):
         lifecycle.enter(Phase.READY)
         notifier.ready("serving")
         assert systemd.recv(4096).decode().split("\n")[:2] == ["READY=1", "STATUS=serving"]
-        async with aiohttp.ClientSession() as session:
-            async with session.get(listener.url + "/hello") as response:
-                assert response.status == 200
-                assert await response.json() == {"phase": "ready"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(listener.url + "/hello") as response,
+        ):
+            assert response.status == 200
+            assert await response.json() == {"phase": "ready"}
         assert listener.statistics().name == "node"
         lifecycle.enter(Phase.STOPPING)
         notifier.stopping()
