@@ -1,9 +1,9 @@
 """Benchmark: 20 zero-downtime restarts ("handovers") in a row under load (issue 14).
 
-What it measures: whether ``POST /admin/restart`` (README "Restarts without a gap") hands the
-daemon over to a new process, again and again while clients keep it busy, without a failed
-request, a refused connection or a slot over a provider's capacity; and how long one handover
-takes.
+What it measures: whether ``POST /admin/restart`` (docs/operations.md, "Restarts without a gap")
+hands the daemon over to a new process, again and again while clients keep it busy, without a
+failed request, a refused connection or a slot over a provider's capacity; and how long one
+handover takes.
 
 The scenario: ``iop-edge serve`` as a subprocess on a generated config, model ``chat`` on two
 fake OpenAI-compatible upstreams (:class:`~iop_edge.testing.fake_openai.FakeOpenAI`, in

@@ -155,7 +155,7 @@ def leaves(data: Any, path: str = "") -> dict[str, Any]:
 
 @pytest.mark.parametrize("form", [(), ("--json",)], ids=["yaml", "json"])
 def test_config_show_loads_back_as_the_same_effective_config(form):
-    """README "The effective config": the output of ``config show`` (YAML or JSON) loads as
+    """Configuration, "The effective config": the output of ``config show`` (YAML or JSON) loads as
     the same effective config — exactly for a config without secrets; with them, the only
     differences are the values printed as ``<redacted>``."""
     shipped = load_config(Path(SHIPPED).read_text(), env={})

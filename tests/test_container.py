@@ -1,5 +1,5 @@
 """The container image (issue 15): the Dockerfile linted (hadolint, a lint dependency) and read
-for what the README promises — a slim base, a non-root user, the config at /etc/iop-edge, an
+for what docs/operations.md promises — a slim base, a non-root user, the config at /etc/iop-edge, an
 exec-form entrypoint with no shell, SIGTERM as the stop signal, every COPY'd file present and
 let through .dockerignore — and the entrypoint run as PID 1 of a new PID namespace (what a
 container does) receiving SIGHUP and SIGTERM. The image itself is built and run only where a

@@ -46,7 +46,7 @@ from iop_edge.testing.fake_openai import FakeOpenAI
 from tests import helpers
 from tests.helpers import doc_for, dump, rename_save, wait_for
 
-#: ``iop_edge.config_file.MAX_FILE_BYTES`` as the README states it (written out, not imported,
+#: ``iop_edge.config_file.MAX_FILE_BYTES`` as the docs state it (written out, not imported,
 #: so this file also runs against code that predates the cap and shows the defect there).
 FILE_CAP = 4 * 1024 * 1024
 LAST_OK = "iop_edge_config_last_reload_successful"

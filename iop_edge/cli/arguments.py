@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 from iop_edge.api.auth import ADMIN_TOKEN_ENV
 
-# The exit codes of every command, in one table (README "Command line").
+# The exit codes of every command, in one table (docs/cli.md).
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2

@@ -45,12 +45,12 @@ DEFAULT_MAX_QUEUE: Final = 16
 DEFAULT_QUEUE_TIMEOUT_MS: Final = 30_000
 DEFAULT_LONG_CONTEXT_THRESHOLD: Final = 100_000
 DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
-# Connection limits of the listeners (README "Limits and timeouts" says why these values).
+# Connection limits of the listeners (why these values: docs/operations.md, "Limits").
 DEFAULT_KEEPALIVE_TIMEOUT_MS: Final = 75_000
 DEFAULT_HEADER_TIMEOUT_MS: Final = 10_000
 DEFAULT_WRITE_TIMEOUT_MS: Final = 30_000
 DEFAULT_MAX_CONNECTIONS: Final = 4096
-# Health and failover (SPEC §5.1; README "Health and failover").
+# Health and failover (SPEC §5.1; docs/admission.md, "Health and failover").
 DEFAULT_MAX_ATTEMPTS: Final = 2
 DEFAULT_FAILURE_THRESHOLD: Final = 3
 DEFAULT_EJECT_MS: Final = 10_000

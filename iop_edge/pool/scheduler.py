@@ -3,6 +3,11 @@
 :class:`PoolScheduler` is synchronous and never reads a clock: every method takes ``now``
 (monotonic seconds), changes state and returns the :data:`Decision` list for the shell to act on.
 
+Kept whole (about 900 lines) on purpose: it is one state machine whose queue, slots and health
+outbox change together in each method, under invariants the Hypothesis state machines check on
+the whole; what has a life of its own already lives beside it (``slots``, ``fair``, ``health``,
+``decisions``, ``deadlines``). See docs/architecture.md.
+
 Data structures, chosen so that no operation costs O(pending requests):
 
 - per model group two FIFO :class:`RequestQueue` (general, long-context), with a global

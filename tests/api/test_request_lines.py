@@ -42,7 +42,7 @@ async def test_an_upstream_4xx_is_counted_and_logged_as_client_error(
 ) -> None:
     """The upstream answers 400: the client gets it as is; the request counts under
     ``code="client_error"`` (as the provider's attempt does), never ``upstream_error``, and its
-    log line is at ``info`` (README "Logs")."""
+    log line is at ``info`` (docs/operations.md, "Logs")."""
     fake = FakeOpenAI(behavior=FakeBehavior(status=400, error_message="bad temperature"))
     async with fake, edge_on(tmp_path, doc_for(fake)) as edge:
         url = edge.daemon.openai_url

@@ -1,5 +1,5 @@
 """Client faults through the whole daemon: clients that leave, read slowly, send too much or
-send hostile JSON. The daemon must answer what the README documents, keep its accounting
+send hostile JSON. The daemon must answer what docs/api.md documents, keep its accounting
 exact, and keep serving."""
 
 # ruff: noqa: E501 - the hostile-body table reads best one row per line

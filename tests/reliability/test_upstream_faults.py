@@ -2,7 +2,7 @@
 
 One row per (adapter, fault, streaming or not) that ``tests/adapters/`` (adapter level) and
 ``tests/api/test_server.py`` do not already cover end to end. Each row asserts the documented
-answer — the status and OpenAI error ``code`` of the README's error table, or for a failure
+answer — the status and OpenAI error ``code`` of the error table of docs/api.md, or for a failure
 after the stream started a final ``data: {"error": ...}`` event with that code and no
 ``[DONE]`` — then that the slot was released exactly once, the upstream connection was let go,
 and no process is left behind.
