@@ -1,6 +1,8 @@
-"""Reading an OpenAI request body: validation, token estimate, and the model's generation policy.
+"""The internal form of a request (an OpenAI request body): token estimate, and the model's
+generation policy.
 
-Pure functions of the body and the catalog entry; the server calls them before admission.
+Pure functions of the body and the catalog entry; the request path calls them before admission,
+on the body a surface parsed (the OpenAI surface's checks: :func:`iop_edge.api.chat.parse_body`).
 
 **Token estimate.** The input of a request is estimated as ``ceil(B / 4) + I + 3 × M`` tokens,
 where ``B`` is the number of UTF-8 bytes of its text — message contents (strings and ``text``
@@ -44,85 +46,6 @@ class PreparedRequest:
 
 def _bad(message: str, param: str | None) -> RequestError:
     return RequestError("invalid_request_error", message, status=400, param=param)
-
-
-def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
-    """Decode and check the fields the edge relies on; unknown fields pass through untouched."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise _bad(f"The request body is not valid JSON: {exc}.", None) from None
-    if not isinstance(body, dict):
-        raise _bad("The request body must be a JSON object.", None)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("'model' is required and must be a non-empty string.", "model")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool) and stream is not None:
-        raise _bad(f"'stream' must be a boolean, not {stream!r}.", "stream")
-    if endpoint == "chat/completions":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _bad("'messages' is required and must be a non-empty array.", "messages")
-        for index, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise _bad(
-                    f"'messages[{index}]' must be an object with a string 'role'.",
-                    f"messages[{index}]",
-                )
-            calls = message.get("tool_calls")
-            if calls is not None and not isinstance(calls, list):
-                raise _bad(
-                    f"'messages[{index}].tool_calls' must be an array, not {calls!r:.40}.",
-                    f"messages[{index}].tool_calls",
-                )
-    elif endpoint == "completions":
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str | list):
-            raise _bad("'prompt' is required and must be a string or an array.", "prompt")
-    else:
-        _check_input(body.get("input"))
-        return body  # (no generation fields: nothing is generated)
-    for name in (*MAX_TOKEN_FIELDS, THINKING_FIELD):
-        value = body.get(name)
-        if value is not None and (type(value) is not int or value < 0):
-            raise _bad(f"'{name}' must be a non-negative integer, not {value!r}.", name)
-    return body
-
-
-def _check_input(value: Any) -> None:
-    """``input`` of ``/v1/embeddings``: a non-empty string, or a non-empty array of non-empty
-    strings, of token ids, or of non-empty token-id arrays (OpenAI's rules)."""
-    if isinstance(value, str):
-        if value:
-            return
-    elif isinstance(value, list) and value:
-        first = value[0]
-        if isinstance(first, str):
-            bad = next((i for i, v in enumerate(value) if not isinstance(v, str) or not v), None)
-        elif type(first) is int:
-            bad = next((i for i, v in enumerate(value) if type(v) is not int), None)
-        else:
-            bad = next(
-                (
-                    i
-                    for i, v in enumerate(value)
-                    if not isinstance(v, list) or not v or any(type(t) is not int for t in v)
-                ),
-                None,
-            )
-        if bad is None:
-            return
-        raise _bad(
-            f"'input[{bad}]' must be of the same kind as input[0]: a non-empty string, a token "
-            f"id, or a non-empty array of token ids (not {value[bad]!r:.40}).",
-            "input",
-        )
-    raise _bad(
-        "'input' is required and must be a non-empty string or a non-empty array of strings or "
-        f"token ids (not {value!r:.40}).",
-        "input",
-    )
 
 
 def _text_bytes(value: Any) -> int:

@@ -9,6 +9,9 @@ route. A model's ``created`` is the Unix time this process first loaded its id (
 keeps those times across refreshes, see :func:`build_catalog`): stable across reloads, and a
 model a refresh adds is newer than the ones loaded at start, as a client sorting by
 ``created`` expects.
+
+A request's model resolves here too: :func:`admission_group` (the providers of the model that
+serve the request) and :func:`model_not_found`.
 """
 
 from __future__ import annotations
@@ -19,9 +22,16 @@ from types import MappingProxyType
 
 import orjson
 
-from iop_edge.adapters.base import StreamBounds
-from iop_edge.config.policy import EMBEDDING_TYPES
+from iop_edge.adapters.base import Endpoint, StreamBounds
+from iop_edge.adapters.fields import refusal
+from iop_edge.config.policy import (
+    EMBEDDING_TYPES,
+    capable_group,
+    completions_group,
+    embeddings_group,
+)
 from iop_edge.config.schema import EdgeConfig, ModelGroup
+from iop_edge.errors import RequestError
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,4 +201,65 @@ def build_catalog(config: EdgeConfig, created: Callable[[str], int] = lambda _: 
                 if p.first_token_timeout_ms is not None or p.stream_idle_timeout_ms is not None
             }
         ),
+    )
+
+
+def model_not_found(model_id: str) -> RequestError:
+    """The 404 of a model id the catalog does not have (or the principal may not use: the
+    allow-list leaks no model's existence)."""
+    return RequestError(
+        "model_not_found",
+        f"The model '{model_id}' does not exist on this edge; GET /v1/models lists the models.",
+        status=404,
+        param="model",
+    )
+
+
+def admission_group(model: ModelEntry, endpoint: Endpoint, body: Mapping[str, object]) -> str:
+    """The scheduler group a request of ``model`` is admitted into: the providers that serve
+    ``endpoint`` (``completions``: ``openai_compat``; ``embeddings``: ``openai_compat`` and
+    ``ollama``) and honour every field of ``body`` (see :mod:`iop_edge.adapters.fields`).
+    Raises a 400 naming the model when no provider of it serves the endpoint, or naming the
+    field when none honours it. A group of ``openai_compat`` providers only costs no check."""
+    if endpoint == "completions":
+        if not model.serves_completions:
+            raise _unsupported_endpoint(model, endpoint, "it has no openai_compat provider")
+        return completions_group(model.id)
+    if endpoint == "embeddings":
+        if not model.serves_embeddings:
+            raise _unsupported_endpoint(
+                model, endpoint, "its providers are all cli, which cannot embed"
+            )
+        group, kinds = embeddings_group(model.id), model.kinds & EMBEDDING_TYPES
+    else:
+        group, kinds = model.id, model.kinds
+    if not model.normalized:
+        return group
+    refused: dict[str, tuple[str, str]] = {}
+    for kind in kinds:
+        found = refusal(kind, endpoint, body)
+        if found is not None:
+            refused[kind] = found
+    if not refused:
+        return group
+    capable = kinds - refused.keys()
+    if capable:
+        return capable_group(model.id, capable)
+    param = (refused.get("ollama") or refused["cli"])[0]
+    reasons = "; ".join(f"its {kind} providers: '{f}': {why}" for kind, (f, why) in refused.items())
+    raise RequestError(
+        "unsupported_parameter",
+        f"No provider of the model '{model.id}' can honour this request ({reasons}). Leave the "
+        "field out, or use a model with an openai_compat provider.",
+        param=param,
+    )
+
+
+def _unsupported_endpoint(model: ModelEntry, endpoint: Endpoint, why: str) -> RequestError:
+    other = "/v1/chat/completions" if endpoint != "chat/completions" else "another endpoint"
+    return RequestError(
+        "unsupported_endpoint",
+        f"The model '{model.id}' does not serve /v1/{endpoint}: {why}. Use {other}, or a "
+        "model with a provider that serves it.",
+        param="model",
     )

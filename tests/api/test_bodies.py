@@ -9,10 +9,10 @@ import pytest
 from iop_edge.api.bodies import (
     apply_generation_policy,
     estimate_input_tokens,
-    parse_body,
     prepare,
 )
 from iop_edge.api.catalog import ModelEntry
+from iop_edge.api.chat import parse_body
 from iop_edge.errors import RequestError
 
 
@@ -39,57 +39,6 @@ def model(
 def chat(*contents: str, **extra: Any) -> dict[str, Any]:
     """A chat body for model "m": one user message per content, plus ``extra`` fields."""
     return {"model": "m", "messages": [{"role": "user", "content": c} for c in contents], **extra}
-
-
-@pytest.mark.parametrize(
-    ("raw", "param", "fragment"),
-    [
-        (b"{not json", None, "not valid JSON"),
-        (b"[1]", None, "must be a JSON object"),
-        (b'{"messages": [{"role": "user", "content": "x"}]}', "model", "'model' is required"),
-        (b'{"model": "m"}', "messages", "'messages' is required"),
-        (b'{"model": "m", "messages": []}', "messages", "non-empty array"),
-        (b'{"model": "m", "messages": ["x"]}', "messages[0]", "string 'role'"),
-        (
-            b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}',
-            "stream",
-            "'stream' must be a boolean",
-        ),
-        (
-            b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": -1}',
-            "max_tokens",
-            "non-negative integer",
-        ),
-        (
-            b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": 1.5}',
-            "max_tokens",
-            "non-negative integer",
-        ),
-    ],
-)
-def test_malformed_bodies_are_400_naming_the_field(raw, param, fragment):
-    with pytest.raises(RequestError) as info:
-        parse_body(raw, "chat/completions")
-    assert (info.value.status, info.value.code, info.value.param) == (
-        400,
-        "invalid_request_error",
-        param,
-    )
-    assert fragment in str(info.value)
-
-
-def test_completions_need_a_prompt():
-    with pytest.raises(RequestError) as info:
-        parse_body(b'{"model": "m"}', "completions")
-    assert info.value.param == "prompt"
-    assert parse_body(b'{"model": "m", "prompt": "hi"}', "completions")["prompt"] == "hi"
-
-
-def test_unknown_fields_pass_through_untouched():
-    body = parse_body(
-        b'{"model": "m", "messages": [{"role": "user"}], "x_custom": {"a": 1}}', "chat/completions"
-    )
-    assert body["x_custom"] == {"a": 1}
 
 
 def test_token_estimate_is_a_quarter_of_the_utf8_bytes_plus_3_per_message():

@@ -1,0 +1,216 @@
+"""One attempt of a request on a provider: its call executed, and the answer written to the client
+in the request's surface — a reply, or the stream relayed frame by frame.
+
+An attempt that fails before the client got a byte (a connect error, a timeout before the
+response head or, streamed, before the first frame; HTTP 429/500/502/503/504; a CLI that could
+not start or exited before any output) comes back as :class:`Failed`, for the request path to
+fail over (:mod:`iop_edge.api.request_path`). One that fails after the stream started is sent
+as the stream's last write (:meth:`~iop_edge.api.surface.Surface.render_stream_error`). With a
+lease, the provider's health hears of every outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Final
+
+from aiohttp import web
+
+from iop_edge.adapters.base import Executor, UpstreamCall, UpstreamReply, UpstreamStream
+from iop_edge.admission import Lease
+from iop_edge.api.errors import client_message
+from iop_edge.api.record import RequestRecord
+from iop_edge.api.surface import Surface
+from iop_edge.errors import AdapterError
+from iop_edge.pool import Failure
+from iop_edge.runtime.listeners import ConnectionGuard
+from iop_edge.seams import Clock
+
+__all__ = ["Failed", "execute", "failure_code", "reply"]
+
+_JSON: Final = "application/json"
+#: Upstream statuses that fail over to another provider (and count toward its ejection, but
+#: for 429, which holds the provider out for its Retry-After instead).
+_FAILOVER_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
+
+
+class Failed:
+    """An attempt that failed before the client got a byte: its failure for the provider's
+    health, and its error to return when no other provider is left to try."""
+
+    __slots__ = ("error", "failure")
+
+    def __init__(self, failure: Failure, error: AdapterError | UpstreamReply) -> None:
+        self.failure = failure
+        self.error = error
+
+
+async def execute(
+    request: web.Request,
+    record: RequestRecord,
+    surface: Surface,
+    executor: Executor,
+    call: UpstreamCall,
+    clock: Clock,
+    lease: Lease | None = None,
+) -> web.StreamResponse | Failed:
+    """One attempt. With a ``lease`` (a ``models[]`` group), a failure before the client's
+    first byte comes back as :class:`Failed` and every outcome is told to the lease;
+    without (a model route), failures are answered as they are."""
+    record.attempts += 1
+    record.attempt_started = clock.now()
+    try:
+        if not call.stream:
+            return _answer(record, surface, await executor.complete(call), lease, clock)
+        opened = await executor.open_stream(call)
+        # The first frame comes before the response head: a stream that fails before it
+        # (first_token_timeout_ms) has sent the client nothing, and may fail over.
+        first = b"" if isinstance(opened, UpstreamReply) else await opened.first()
+    except AdapterError as exc:
+        if lease is not None and exc.failure is not None:
+            failure = Failure(exc.failure, str(exc))
+            if exc.failover:
+                return Failed(failure, exc)
+            lease.failed(failure)
+        raise
+    if isinstance(opened, UpstreamReply):
+        return _answer(record, surface, opened, lease, clock)
+    return await _relay(request, record, surface, opened, first, lease, clock)
+
+
+def _answer(
+    record: RequestRecord,
+    surface: Surface,
+    upstream: UpstreamReply,
+    lease: Lease | None,
+    clock: Clock,
+) -> web.Response | Failed:
+    if lease is not None:
+        if upstream.status in _FAILOVER_STATUSES:
+            reason = upstream.detail or f"the upstream answered HTTP {upstream.status}"
+            failure = (
+                Failure("status_429", reason, upstream.retry_after)
+                if upstream.status == 429
+                else Failure("status_5xx", reason)
+            )
+            return Failed(failure, upstream)
+        lease.succeeded()
+    return reply(record, surface, upstream, clock)
+
+
+def reply(
+    record: RequestRecord, surface: Surface, upstream: UpstreamReply, clock: Clock
+) -> web.Response:
+    """The client's answer to a non-streamed reply (or an upstream's error status)."""
+    record.status, record.usage = upstream.status, upstream.usage
+    if upstream.status >= 400:
+        # An upstream's 4xx (but 429) refused the request, it did not fail: client_error,
+        # as the per-provider metrics name it.
+        refused = upstream.status < 500 and upstream.status != 429
+        record.code = "client_error" if refused else "upstream_error"
+        record.upstream_failure = f"http_{upstream.status}"
+        record.error = upstream.detail  # what the upstream said: the log's, not the client's
+    else:
+        record.time_to_first_token = clock.now() - record.started
+    headers = _ids(record)
+    if upstream.retry_after is not None:
+        # The upstream's 429 reaches the client with its Retry-After (whole seconds).
+        headers["Retry-After"] = str(math.ceil(upstream.retry_after))
+    return web.Response(
+        body=surface.render_reply(upstream),
+        status=upstream.status,
+        content_type=_JSON,
+        headers=headers,
+    )
+
+
+async def _relay(
+    request: web.Request,
+    record: RequestRecord,
+    surface: Surface,
+    stream: UpstreamStream,
+    first: bytes,
+    lease: Lease | None,
+    clock: Clock,
+) -> web.StreamResponse:
+    # A client that stops reading would hold the slot forever, the handler waiting in
+    # write(). The connection's guard cancels this task when the client has taken no data
+    # for openai.write_timeout_ms (a timer armed only once a write has to wait), and the
+    # exchange's request_timeout_ms cancels it too when it runs out first.
+    guard = ConnectionGuard.of(request)
+    stalled: str | None = None
+    async with stream:
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                **_ids(record),
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+            },
+        )
+        if guard is not None:
+            guard.watch(asyncio.current_task())
+        try:
+            await response.prepare(request)
+            record.status = 200
+            try:
+                record.time_to_first_token = clock.now() - record.started
+                first, frames = surface.render_stream(first, stream.frames)
+                if first:
+                    await response.write(first)
+                async for frame in frames:
+                    await response.write(frame)
+                if lease is not None:
+                    lease.succeeded()
+            except AdapterError as exc:
+                # Headers are gone: the failure travels in the stream, as OpenAI sends it
+                # (no failover now; the provider's health still hears of it).
+                if lease is not None and exc.failure is not None:
+                    lease.failed(Failure(exc.failure, str(exc)))
+                record.code, record.error = exc.code, str(exc)
+                record.upstream_failure = exc.code
+                message = client_message(exc, record.provider)
+                await response.write(surface.render_stream_error(message, exc.code, exc.status))
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client left (before or during the stream): nothing more can be sent.
+            record.status, record.code = 499, "client_gone"
+        except asyncio.CancelledError:
+            if stream.timed_out():
+                stalled = (
+                    "the client took no data until the provider's request_timeout_ms ran "
+                    "out while the answer waited for it; the upstream call was aborted"
+                )
+            elif guard is not None and guard.stall_cancelled():
+                stalled = (
+                    f"the client took no data for {guard.write_timeout:g} s "
+                    "(openai.write_timeout_ms) while the answer waited for it; the "
+                    "upstream call was aborted"
+                )
+            else:
+                raise
+            record.status, record.code, record.error = 499, "client_stalled", stalled
+        finally:
+            if guard is not None:
+                guard.unwatch()
+            record.usage = stream.usage
+    if stalled is not None:
+        # Only now, with the upstream closed: the connection's loss cancels this handler.
+        if guard is not None:
+            guard.reset()
+        elif request.transport is not None:
+            request.transport.abort()
+    return response
+
+
+def failure_code(error: AdapterError | UpstreamReply) -> str:
+    """How an attempt failed, as the upstream-errors metric names it."""
+    return error.code if isinstance(error, AdapterError) else f"http_{error.status}"
+
+
+def _ids(record: RequestRecord) -> dict[str, str]:
+    headers = {"x-request-id": record.request_id}
+    if record.provider:
+        headers["x-iop-provider"] = record.provider
+    return headers
