@@ -607,3 +607,42 @@ def importing_child(pid: int) -> int:
                     return child
         time.sleep(0.0005)
     raise AssertionError(f"process {pid} started no iop-edge serve")
+
+
+async def test_a_request_on_a_kept_alive_connection_after_the_handover_is_judged_by_the_new_config(
+    tmp_path: Path,
+) -> None:
+    """A client's kept-alive connection to the old process outlives the handover (old still
+    finishes a request): a request on it with a token the restart added is relayed to the new
+    process and answered there — the old one must not refuse it with its old token list."""
+    async with FakeOpenAI() as fake:
+        doc = tokens_doc(fake, ["app-a"])
+        config = write_config(tmp_path, doc)
+        new_pid: list[int] = []
+        with served(config, ALONE) as old, successor_stopped(new_pid):
+            listening = old.wait_event("listening")
+            url, console = listening["openai"], listening["console"]
+            one_connection = aiohttp.TCPConnector(limit=1)
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=BOUND)) as held,
+                aiohttp.ClientSession(
+                    connector=one_connection, timeout=aiohttp.ClientTimeout(total=BOUND)
+                ) as kept,
+            ):
+                warm = await ask(kept, url, "app-a", "opens the kept-alive connection")
+                fake.enqueue(FakeBehavior(hold=True))
+                parked = asyncio.create_task(ask(held, url, "app-a", "keeps old busy"))
+                await wait_for(lambda: fake.in_flight == 1)
+                edit_config(config, tokens_doc(fake, ["app-a", "app-b"]))
+                async with held.post(console + "/admin/restart", headers=JSON) as response:
+                    result = await response.json()
+                new_pid.append(result["pid"])
+                judged = await ask(kept, url, "app-b", "a token only the new config has")
+                fake.release()
+                finished = await parked
+            relayed = [line for line in old.events("request") if line["code"] == "relayed"]
+    assert warm[0] == 200
+    assert result["result"] == "handed_over"
+    assert judged[0] == 200, judged
+    assert finished[0] == 200
+    assert relayed  # old relayed it (the new process answered it)

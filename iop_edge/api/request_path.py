@@ -132,9 +132,7 @@ class RequestPath:
                 and exc.reason == "handed_over"
                 and self.relay.handed_over
             ):
-                relayed = await self.relay.forward(request, record.request_id, record.started)
-                record.status, record.code = relayed.status, "relayed"
-                return relayed
+                return await self._relayed(request, record)
             record.status, record.code, _ = describe(exc)
             if record.error is None:  # (an allow-list denial has set what the log says)
                 record.error = str(exc)
@@ -172,12 +170,22 @@ class RequestPath:
             record.duration = self.clock.now() - record.started
             self.finish(record)
 
+    async def _relayed(self, request: web.Request, record: RequestRecord) -> web.StreamResponse:
+        """The successor's answer to ``request``, which this process no longer serves."""
+        relayed = await self.relay.forward(request, record.request_id, record.started)
+        record.status, record.code = relayed.status, "relayed"
+        return relayed
+
     async def _run(
         self, request: web.Request, surface: Surface, record: RequestRecord
     ) -> web.StreamResponse:
         headers = request.headers
         self.guard.check(headers)
-        record.principal = self.auth.authenticate(headers.get("Authorization"))
+        # Handed over: what still comes on a kept-alive connection is the new process's to
+        # judge, with its config (a token, model or limit the restart added): relayed unjudged.
+        handed_over = self.relay.handed_over
+        if not handed_over:
+            record.principal = self.auth.authenticate(headers.get("Authorization"))
         require_json_body(request)
         # A body still arriving has openai.header_timeout_ms to finish (the listener's body
         # timer); its guard says whether that timer cut it (taken now: the cut forgets it).
@@ -200,6 +208,8 @@ class RequestPath:
                     "the connection"
                 )
             raise
+        if handed_over:
+            return await self._relayed(request, record)
         body = surface.parse(raw)
         endpoint = surface.endpoint
         record.model = model_id = body["model"]
