@@ -640,7 +640,9 @@ async def test_a_request_on_a_kept_alive_connection_after_the_handover_is_judged
                 judged = await ask(kept, url, "app-b", "a token only the new config has")
                 fake.release()
                 finished = await parked
+            old_exit = await asyncio.to_thread(old.process.wait, BOUND)  # (its log is complete)
             relayed = [line for line in old.events("request") if line["code"] == "relayed"]
+    assert old_exit == 0
     assert warm[0] == 200
     assert result["result"] == "handed_over"
     assert judged[0] == 200, judged
