@@ -10,6 +10,8 @@ layer               may import at runtime
 ``iop_edge.config`` the pure standard library, ``pydantic``, ``yaml``, ``orjson`` (canonical JSON
                     for the config hash), ``iop_edge.config``, ``iop_edge.pool`` (the config →
                     scheduler policy mapping), ``iop_edge.errors``
+``iop_edge.         the pure standard library, ``orjson``, ``iop_edge.translate``,
+translate``         ``iop_edge.errors`` (the API surfaces' translation core, issue 27)
 =================== ==============================================================================
 
 The pure standard library is an explicit list: computation on values, no event loop, socket,
@@ -80,6 +82,7 @@ LAYERS: Mapping[str, frozenset[str]] = {
     "iop_edge.pool": PURE_STDLIB | {"iop_edge.pool", "iop_edge.errors"},
     "iop_edge.config": PURE_STDLIB
     | {"pydantic", "yaml", "orjson", "iop_edge.config", "iop_edge.pool", "iop_edge.errors"},
+    "iop_edge.translate": PURE_STDLIB | {"orjson", "iop_edge.translate", "iop_edge.errors"},
 }
 # Never allowed in any layer: the allow-lists are checked against this as well, so that widening
 # one by mistake fails here rather than in review.
@@ -193,6 +196,7 @@ def test_every_layer_has_modules_to_check() -> None:
     names = {name for name, *_ in layered_modules()}
     assert {"iop_edge.errors", "iop_edge.pool", "iop_edge.pool.scheduler"} <= names
     assert {"iop_edge.config", "iop_edge.config.load", "iop_edge.config.schema"} <= names
+    assert {"iop_edge.translate", "iop_edge.translate.events"} <= names
 
 
 def test_config_pool_and_errors_import_only_what_their_layer_allows() -> None:
