@@ -15,6 +15,8 @@ module                         job
                                tools, the neutral reasoning request
 ``chat_events``                chat chunks / a chat completion → events / an answer
 ``sse``                        reading the adapters' SSE frames, writing a surface's events
+``messages_request``           Anthropic Messages request → internal form (top-level fields)
+``messages_content``           its messages and system prompt → chat messages
 =============================  ==================================================================
 
 Like ``config/`` and ``pool/``: no asyncio, I/O or clock; the standard library, ``orjson`` and
