@@ -17,6 +17,9 @@ module                         job
 ``sse``                        reading the adapters' SSE frames, writing a surface's events
 ``messages_request``           Anthropic Messages request → internal form (top-level fields)
 ``messages_content``           its messages and system prompt → chat messages
+``messages_reply``             answer → Anthropic Message
+``messages_stream``            events → Anthropic Messages event stream
+``anthropic_errors``           the edge's error codes → Anthropic's error types and statuses
 =============================  ==================================================================
 
 Like ``config/`` and ``pool/``: no asyncio, I/O or clock; the standard library, ``orjson`` and
