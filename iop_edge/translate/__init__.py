@@ -20,6 +20,7 @@ module                         job
 ``messages_reply``             answer → Anthropic Message
 ``messages_stream``            events → Anthropic Messages event stream
 ``anthropic_errors``           the edge's error codes → Anthropic's error types and statuses
+``count_tokens``               the estimate of ``/v1/messages/count_tokens``
 =============================  ==================================================================
 
 Like ``config/`` and ``pool/``: no asyncio, I/O or clock; the standard library, ``orjson`` and
