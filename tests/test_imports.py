@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 from tests.helpers.imports import (
+    SHELL_ONLY,
     enclosing_packages,
     find_cycles,
     import_graph,
@@ -111,15 +112,6 @@ def test_find_cycles_reports_each_cycle_once_from_its_smallest_module() -> None:
 
 
 # Loaded by the HTTP shell only; the pure core must not pull them in, even indirectly.
-SHELL_ONLY = (
-    "asyncio",
-    "aiohttp",
-    "anyio",
-    "uvloop",
-    "watchfiles",
-    "prometheus_client",
-    "structlog",
-)
 PURE_CORE = ("iop_edge.config", "iop_edge.pool")
 
 

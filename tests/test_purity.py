@@ -10,6 +10,8 @@ layer               may import at runtime
 ``iop_edge.config`` the pure standard library, ``pydantic``, ``yaml``, ``orjson`` (canonical JSON
                     for the config hash), ``iop_edge.config``, ``iop_edge.pool`` (the config →
                     scheduler policy mapping), ``iop_edge.errors``
+``iop_edge.         the pure standard library, ``orjson``, ``iop_edge.translate``,
+translate``         ``iop_edge.errors`` (the API surfaces' translation core, issue 27)
 =================== ==============================================================================
 
 The pure standard library is an explicit list: computation on values, no event loop, socket,
@@ -27,7 +29,9 @@ test runs; the parser and the import graph are those of ``tests/test_imports.py`
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
+import textwrap
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -35,6 +39,7 @@ import pytest
 
 from tests.helpers.imports import (
     PACKAGE_DIR,
+    SHELL_ONLY,
     Import,
     package_graph,
     package_modules,
@@ -80,6 +85,7 @@ LAYERS: Mapping[str, frozenset[str]] = {
     "iop_edge.pool": PURE_STDLIB | {"iop_edge.pool", "iop_edge.errors"},
     "iop_edge.config": PURE_STDLIB
     | {"pydantic", "yaml", "orjson", "iop_edge.config", "iop_edge.pool", "iop_edge.errors"},
+    "iop_edge.translate": PURE_STDLIB | {"orjson", "iop_edge.translate", "iop_edge.errors"},
 }
 # Never allowed in any layer: the allow-lists are checked against this as well, so that widening
 # one by mistake fails here rather than in review.
@@ -193,6 +199,7 @@ def test_every_layer_has_modules_to_check() -> None:
     names = {name for name, *_ in layered_modules()}
     assert {"iop_edge.errors", "iop_edge.pool", "iop_edge.pool.scheduler"} <= names
     assert {"iop_edge.config", "iop_edge.config.load", "iop_edge.config.schema"} <= names
+    assert {"iop_edge.translate", "iop_edge.translate.events"} <= names
 
 
 def test_config_pool_and_errors_import_only_what_their_layer_allows() -> None:
@@ -348,3 +355,60 @@ def test_clock_check_catches_clock_reads_and_file_opens() -> None:
         "5: calls open()",
     ]
     assert clock_and_file_calls("from collections import deque\nx = deque()\n") == []
+
+
+# --- the translation core (issue 27) is a pure layer too ----------------------------------
+
+TRANSLATE = "iop_edge.translate"
+
+
+def translate_modules() -> list[str]:
+    return [m.name for m in package_modules() if within(m.name, [TRANSLATE])]
+
+
+def test_the_translation_core_is_a_layer_of_the_purity_table_with_modules_in_it():
+    assert LAYERS[TRANSLATE] - {"orjson", TRANSLATE, "iop_edge.errors"} <= LAYERS["iop_edge.errors"]
+    assert {
+        f"{TRANSLATE}.{name}"
+        for name in (
+            "events",
+            "chat_events",
+            "chat_request",
+            "sse",
+            "messages_request",
+            "messages_reply",
+            "messages_stream",
+            "anthropic_errors",
+            "count_tokens",
+        )
+    } <= set(translate_modules())
+
+
+def test_the_translation_core_imports_only_its_layer_and_reads_no_clock_or_file():
+    problems = [
+        f"{m.name}:{problem}"
+        for m in package_modules()
+        if within(m.name, [TRANSLATE])
+        for problem in layer_violations(m.source, m.name, is_package=m.is_package)
+        + clock_and_file_calls(m.source)
+    ]
+    assert problems == []
+
+
+def test_importing_the_translation_core_loads_no_shell_library_and_no_other_edge_module():
+    script = textwrap.dedent(
+        f"""
+        import importlib, sys
+        for name in {translate_modules()!r}:
+            importlib.import_module(name)
+        print("\\n".join(sorted(sys.modules)))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert sorted(m for m in loaded if m.split(".")[0] in SHELL_ONLY) == []
+    edge = {m for m in loaded if m.startswith("iop_edge")}
+    assert sorted(m for m in edge if not within(m, [TRANSLATE, "iop_edge.errors"])) == ["iop_edge"]

@@ -200,3 +200,15 @@ def shortest_cycle(graph: Mapping[str, Iterable[str]], start: str, within: set[s
 
 def show_cycle(cycle: list[str]) -> str:
     return " -> ".join(cycle)
+
+
+#: libraries of the shell: importing the pure core must load none of them
+SHELL_ONLY = (
+    "asyncio",
+    "aiohttp",
+    "anyio",
+    "uvloop",
+    "watchfiles",
+    "prometheus_client",
+    "structlog",
+)

@@ -1,0 +1,89 @@
+"""The edge's estimate for ``POST /v1/messages/count_tokens`` (the pure part).
+
+The request is translated as for ``/v1/messages`` (``max_tokens`` not required), and its chat
+body counted with the edge's documented chat estimate — the formula of
+:func:`iop_edge.api.bodies.estimate_input_tokens`, ``ceil(B / 4) + 3 × M``, where ``B`` counts
+the UTF-8 bytes of the message contents (strings and text parts), names, tool-call arguments
+and the JSON of the tools, and ``M`` the messages — plus what a Messages request carries that
+the chat estimate does not weigh:
+
+- **images**: :data:`IMAGE_TOKENS` each (Anthropic's own figure for an image at its largest
+  size, about 1.15 megapixels; the edge does not decode images, so every image counts at the
+  bound — an upper estimate);
+- **reasoning** sent back in history (``reasoning_content``): its bytes, like text.
+
+So the system prompt (the first message), every turn, the tool definitions, the tool calls and
+the tool results all count. The formula is a pure copy of the one in ``api/bodies.py`` rather
+than a call to it: that module belongs to the HTTP surface (it imports the model catalog), and
+this package may not import ``api/``. A test holds the two equal on chat bodies without images
+or reasoning, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from iop_edge.errors import RequestError
+from iop_edge.translate.messages_request import translate_request
+from iop_edge.translate.sse import dumps
+
+__all__ = ["IMAGE_TOKENS", "PER_MESSAGE_TOKENS", "count_input_tokens", "estimate_chat_tokens"]
+
+IMAGE_TOKENS: Final = 1600
+PER_MESSAGE_TOKENS: Final = 3
+
+
+def _text_bytes(value: object) -> int:
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8"))
+    return 0
+
+
+def _content(value: object) -> tuple[int, int]:
+    """UTF-8 bytes of a message content's text, and its images."""
+    if not isinstance(value, list):
+        return _text_bytes(value), 0
+    total = images = 0
+    for part in value:
+        if isinstance(part, str):
+            total += _text_bytes(part)
+        elif isinstance(part, Mapping):
+            total += _text_bytes(part.get("text"))
+            images += part.get("type") == "image_url"
+    return total, images
+
+
+def estimate_chat_tokens(chat: Mapping[str, Any]) -> int:
+    """The estimated input tokens of a chat body (see the module docstring)."""
+    total = images = 0
+    messages = chat.get("messages") or ()
+    for message in messages:
+        size, seen = _content(message.get("content"))
+        total += size + _text_bytes(message.get("name"))
+        total += _text_bytes(message.get("reasoning_content"))
+        images += seen
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
+                total += _text_bytes(call["function"].get("arguments"))
+        legacy = message.get("function_call")
+        if isinstance(legacy, Mapping):
+            total += _text_bytes(legacy.get("arguments"))
+    tools = chat.get("tools")
+    if tools:
+        try:
+            total += len(dumps(tools))
+        except RecursionError:
+            raise RequestError(
+                "invalid_request_error",
+                "tools: the tool definitions are nested too deeply to count.",
+                param="tools",
+            ) from None
+    return -(-total // 4) + PER_MESSAGE_TOKENS * len(messages) + IMAGE_TOKENS * images
+
+
+def count_input_tokens(body: Mapping[str, Any]) -> int:
+    """The estimated input tokens of a count_tokens body (a Messages request without
+    ``max_tokens``); raises :class:`~iop_edge.errors.RequestError` as
+    :func:`~iop_edge.translate.messages_request.translate_request` does."""
+    return estimate_chat_tokens(translate_request(body, counting=True).chat)
