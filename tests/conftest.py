@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from iop_edge.runtime.logs import configure_logging
+from iop_edge.testing.fake_ollama import FakeOllama
+from iop_edge.testing.fake_openai import FakeOpenAI
 from tests.helpers import LogCapture
 
 settings.register_profile(
@@ -49,3 +51,17 @@ def runtime_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         del os.environ["XDG_RUNTIME_DIR"]
     else:
         os.environ["XDG_RUNTIME_DIR"] = before
+
+
+@pytest.fixture
+async def fake_oa() -> AsyncIterator[FakeOpenAI]:
+    """A fake OpenAI-compatible upstream on 127.0.0.1."""
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake_ol() -> AsyncIterator[FakeOllama]:
+    """A fake Ollama upstream on 127.0.0.1."""
+    async with FakeOllama() as fake:
+        yield fake

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -57,18 +57,6 @@ def never_clean(frames: list[bytes]) -> None:
     for chunk in payloads(frames):
         for choice in chunk.get("choices", []):
             assert choice.get("finish_reason") is None, chunk
-
-
-@pytest.fixture
-async def fake_oa() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def fake_ol() -> AsyncIterator[FakeOllama]:
-    async with FakeOllama() as fake:
-        yield fake
 
 
 def http_executor(

@@ -18,18 +18,6 @@ from tests.helpers.api import TOKEN, edge_doc, running_edge
 
 
 @pytest.fixture
-async def fake_oa() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def fake_ol() -> AsyncIterator[FakeOllama]:
-    async with FakeOllama() as fake:
-        yield fake
-
-
-@pytest.fixture
 def log_stream() -> io.StringIO:
     """Every structured log line the edge writes during the test."""
     stream = LogCapture()
