@@ -1,8 +1,10 @@
 """The HTTP surfaces' application (aiohttp): routes, the small endpoints, the catalog swap.
 
 ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST /v1/embeddings`` are the
-OpenAI surface (:mod:`iop_edge.api.chat`), each served by the one request path
-(:mod:`iop_edge.api.request_path`); a new surface adds its module beside ``chat.py`` and its
+OpenAI surface (:mod:`iop_edge.api.chat`), ``POST /v1/messages`` Anthropic's
+(:mod:`iop_edge.api.messages`), each served by the one request path
+(:mod:`iop_edge.api.request_path`); ``POST /v1/messages/count_tokens`` counts without a slot
+(:mod:`iop_edge.api.count_tokens`). A new surface adds its module beside ``chat.py`` and its
 routes here. ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /healthz`` and ``GET /readyz``
 answer from the current catalog. Any other path or method answers 404 ``unknown_url`` / 405
 ``method_not_allowed`` (with ``Allow``) in the OpenAI envelope, logged and counted like a request
@@ -27,8 +29,10 @@ from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler
 from iop_edge.api.catalog import Catalog, LoadTimes, build_catalog, model_not_found
 from iop_edge.api.chat import CHAT_ROUTES
+from iop_edge.api.count_tokens import TokenCounter
 from iop_edge.api.errors import describe
 from iop_edge.api.guard import Cors, install_log_scrubber
+from iop_edge.api.messages import MESSAGES_SURFACE
 from iop_edge.api.record import RequestObserver, RequestRecord
 from iop_edge.api.request_path import RequestPath, error_response
 from iop_edge.api.request_path import request_id as _request_id
@@ -102,6 +106,10 @@ class OpenAIServer(RequestPath):
         app = web.Application(client_max_size=self.max_body_bytes)
         for path, surface in CHAT_ROUTES:
             app.router.add_post(path, functools.partial(self._serve, surface=surface))
+        app.router.add_post(
+            "/v1/messages", functools.partial(self._serve, surface=MESSAGES_SURFACE)
+        )
+        app.router.add_post("/v1/messages/count_tokens", TokenCounter(self).serve)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model_id:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)
@@ -159,7 +167,8 @@ class OpenAIServer(RequestPath):
             record.status, record.code = 404, "unknown_url"
             message = (
                 f"Unknown request URL: {method} {shown}. This edge serves POST "
-                "/v1/chat/completions, /v1/completions and /v1/embeddings, and GET /v1/models."
+                "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages and "
+                "/v1/messages/count_tokens, and GET /v1/models."
             )
         record.error = message
         record.duration = self.clock.now() - record.started
