@@ -58,7 +58,7 @@ class TokenCounter:
             headers = request.headers
             path.guard.check(headers)
             record.session_id = session_id(headers)
-            record.principal = path.authenticate(headers)
+            record.principal = path.auth.authenticate_headers(headers)
             raw = await path.read_body(request, record)
             body = decode_body(raw)
             internal = translate_request(body, counting=True)

@@ -43,7 +43,7 @@ from iop_edge.adapters.base import Endpoint, Executor, StreamBounds, UpstreamCal
 from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, Lease
 from iop_edge.api.attempt import Failed, execute, failure_code, final_reply
-from iop_edge.api.auth import Authenticator, Principal, ProviderAuthForwarder
+from iop_edge.api.auth import Authenticator, ProviderAuthForwarder
 from iop_edge.api.bodies import PreparedRequest, prepare
 from iop_edge.api.catalog import (
     Catalog,
@@ -199,7 +199,7 @@ class RequestPath:
         # judge, with its config (a token, model or limit the restart added): relayed unjudged.
         handed_over = self.relay.handed_over
         if not handed_over:
-            record.principal = self.authenticate(headers)
+            record.principal = self.auth.authenticate_headers(headers)
         raw = await self.read_body(request, record)
         if handed_over:
             return await self._relayed(request, record)
@@ -260,10 +260,6 @@ class RequestPath:
             return response
         finally:
             keepalive.stop()
-
-    def authenticate(self, headers: Mapping[str, str]) -> Principal:
-        """The request's principal, from its token."""
-        return self.auth.authenticate(headers.get("Authorization"))
 
     async def read_body(self, request: web.Request, record: RequestRecord) -> bytes:
         """The request's JSON body (a 415 for another type, a 413 past

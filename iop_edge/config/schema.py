@@ -417,9 +417,16 @@ class ModelProviderRef(_Section):
 
 
 class ModelGroup(_Section):
-    """A ``models[]`` entry: the canonical routing key into the provider pool."""
+    """A ``models[]`` entry: the canonical routing key into the provider pool.
+
+    ``aliases`` are further names the group answers to (Claude Code asks for ``claude-…``
+    names): each is a model id of its own in requests and in ``GET /v1/models``, and resolves
+    to this group exactly as ``id`` does. Unique across every model id, alias and route id
+    (checked in :mod:`iop_edge.config.validate`). Live, like every field of a group.
+    """
 
     id: ModelId
+    aliases: tuple[ModelId, ...] = ()
     display_name: str | None = None
     context_window_tokens: Positive
     providers: tuple[ModelProviderRef, ...] = Field(min_length=1)
