@@ -331,6 +331,17 @@ class CliExecutor:
         exchange.end()
         await run.stopped()
 
+    async def count_tokens(
+        self,
+        chat_body: dict[str, Any],
+        target: str,
+        headers: Mapping[str, str],
+        request_id: str,
+    ) -> int | None:
+        """Always ``None``: a command-line agent has no tokenizer to ask (the edge estimates,
+        as it does for a CLI's usage)."""
+        return None
+
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """Run the command to its end (or its answer to ``max_tokens``) and return its answer
         as a ``chat.completion``."""

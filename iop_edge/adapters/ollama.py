@@ -48,6 +48,9 @@ floats or, with ``encoding_format: "base64"`` (what the OpenAI SDKs ask for), th
 little-endian float32 bytes.
 Upstream statuses are mapped as :mod:`iop_edge.adapters.upstream_http` describes (200 an
 answer, 400–599 Ollama's error relayed with its status, anything else ``upstream_error``).
+
+**Token counting** (``count_tokens``, for ``/v1/messages/count_tokens``): Ollama serves no
+tokenizer endpoint, so the executor answers ``None`` and the edge estimates.
 """
 
 from __future__ import annotations
@@ -301,6 +304,17 @@ class OllamaExecutor:
         self._backend = backend
         self._target = target
         self._context_size = context_size
+
+    async def count_tokens(
+        self,
+        chat_body: dict[str, Any],
+        target: str,
+        headers: Mapping[str, str],
+        request_id: str,
+    ) -> int | None:
+        """Always ``None``: Ollama serves no tokenizer endpoint (no ``/tokenize``; its
+        ``prompt_eval_count`` comes only with an answer), so the edge estimates."""
+        return None
 
     def _prepare(self, call: UpstreamCall) -> tuple[str, bytes]:
         request = ollama_request(call, self._context_size, self._target.label)
