@@ -27,7 +27,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -394,6 +394,12 @@ class BrokenExecutor:
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
         """Raise, as :meth:`complete`."""
         raise ValueError(f"cannot encode {call.body!r}")
+
+    async def count_tokens(
+        self, chat_body: dict[str, Any], target: str, headers: Mapping[str, str], request_id: str
+    ) -> int | None:
+        """Cannot count (as an upstream without a tokenizer)."""
+        return None
 
 
 class BrokenAdapters(NodeAdapters):

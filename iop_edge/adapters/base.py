@@ -5,7 +5,9 @@ An :class:`Executor` runs one :class:`UpstreamCall` on a provider (or a model ro
 an :class:`UpstreamReply` (non-streaming, or an upstream error status) or an
 :class:`UpstreamStream` (complete OpenAI SSE frames). Every executor speaks OpenAI on its
 output side whatever the upstream speaks: ``openai_compat`` relays, ``ollama`` and ``cli``
-normalize.
+normalize. :meth:`Executor.count_tokens` counts a chat body's input tokens with the upstream's
+own tokenizer where there is one (``openai_compat``: vLLM's or llama.cpp's ``/tokenize``, see
+:mod:`iop_edge.adapters.tokenize`); ``ollama`` and ``cli`` answer ``None``.
 
 Failure contract, the same for every adapter:
 
@@ -212,6 +214,19 @@ class Executor(Protocol):
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
         """Start a streaming call: a stream, or the upstream's error status as a reply."""
+        ...
+
+    async def count_tokens(
+        self,
+        chat_body: dict[str, Any],
+        target: str,
+        headers: Mapping[str, str],
+        request_id: str,
+    ) -> int | None:
+        """The input tokens of a chat body (``messages`` and ``tools``) by the upstream's own
+        tokenizer for the model ``target``, sent with ``headers`` (provider auth) and
+        ``request_id`` like a call; ``None`` when this upstream cannot count (the edge then
+        estimates). Never raises but for a cancellation; takes no slot."""
         ...
 
 

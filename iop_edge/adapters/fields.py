@@ -10,6 +10,9 @@ types, admits the request only into the providers that honour it: see
 A field is accepted when it is absent, ``null``, or carries a value the adapter honours:
 
 - **honoured**: translated (see :mod:`iop_edge.adapters.ollama` and :mod:`iop_edge.adapters.cli`);
+  on ``ollama`` the reasoning fields become Ollama's ``think``: ``reasoning_effort`` (one of
+  :data:`THINK_LEVELS`' keys) its level, ``thinking_token_budget`` 0 ``false`` and above 0
+  ``true`` (Ollama has no budget, so a positive one is not enforced);
 - **no effect**: accepted and not forwarded, because it cannot change the answer (``user``,
   ``metadata``, ``store``, ``service_tier``, ``safety_identifier``, ``prompt_cache_key``);
 - **the edge's limits** (``cli`` only): ``max_tokens``, ``max_completion_tokens`` and
@@ -33,13 +36,25 @@ from iop_edge.adapters.base import UnsupportedRequestError
 if TYPE_CHECKING:
     from iop_edge.adapters.base import UpstreamCall
 
-__all__ = ["FieldRefusal", "refusal", "refuse_unhonoured"]
+__all__ = ["THINK_LEVELS", "FieldRefusal", "refusal", "refuse_unhonoured"]
 
 #: (field, why): the first field of a request an adapter cannot honour
 FieldRefusal = tuple[str, str]
 
 _Rule = Callable[[Any], str | None]
 """None when the adapter honours the value, else why not."""
+
+THINK_LEVELS: Final[Mapping[str, bool | str]] = {
+    "none": False,
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    # (the Anthropic surface's efforts above high: Ollama's highest level)
+    "xhigh": "high",
+    "max": "high",
+}
+"""The ``reasoning_effort`` values ``ollama`` honours, each with the ``think`` it sends."""
 
 
 def _honoured(value: Any) -> str | None:
@@ -88,6 +103,12 @@ def _tool_choice(value: Any) -> str | None:
         if value in ("auto", "none")
         else 'it cannot be forced to call a tool; tool_choice must be "auto" or "none"'
     )
+
+
+def _think_level(value: Any) -> str | None:
+    if isinstance(value, str) and value in THINK_LEVELS:
+        return None
+    return f"reasoning_effort must be one of {', '.join(THINK_LEVELS)}"
 
 
 def _response_format(value: Any) -> str | None:
@@ -157,8 +178,9 @@ _OLLAMA_CHAT: Final[dict[str, _Rule]] = {
     "response_format": _response_format,
     "tool_choice": _tool_choice,
     "parallel_tool_calls": _parallel_tools,
-    # The group's generation policy may set it; Ollama has no thinking budget (only think on/off).
+    # Ollama's think: 0 turns it off, above 0 on (Ollama has no budget to enforce).
     "thinking_token_budget": _honoured,
+    "reasoning_effort": _think_level,
 }
 
 _CLI_CHAT: Final[dict[str, _Rule]] = {

@@ -29,10 +29,13 @@
   200, 3xx, past 599) is an ``upstream_error``. An error event inside a stream
   (``data: {"error": ...}``) is raised as ``upstream_error`` instead of being relayed, so the
   caller renders every mid-stream failure the same way.
+- :meth:`~OpenAICompatExecutor.count_tokens` asks the upstream's own tokenizer (vLLM's or
+  llama.cpp's, detected once): :mod:`iop_edge.adapters.tokenize`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
@@ -46,6 +49,7 @@ from iop_edge.adapters.base import (
 )
 from iop_edge.adapters.openai_format import DONE_FRAME, dumps, read_usage
 from iop_edge.adapters.relay import relay_lines
+from iop_edge.adapters.tokenize import UpstreamTokenizer
 from iop_edge.adapters.upstream_http import (
     HttpBackend,
     HttpTarget,
@@ -94,6 +98,19 @@ class OpenAICompatExecutor:
         if endpoint is not None and endpoint.startswith(("http://", "https://")):
             self._chat_url = endpoint.rstrip("/")
         self._chat_path = endpoint or "chat/completions"
+        self._tokenizer = UpstreamTokenizer(backend, target)
+
+    async def count_tokens(
+        self,
+        chat_body: dict[str, Any],
+        target: str,
+        headers: Mapping[str, str],
+        request_id: str,
+    ) -> int | None:
+        """The input tokens of ``chat_body`` by the upstream's tokenizer, with the chat
+        template applied; ``None`` when it serves no tokenizer the edge knows or fails (never
+        raises): see :mod:`iop_edge.adapters.tokenize`."""
+        return await self._tokenizer.count(chat_body, target, headers, request_id)
 
     def _url(self, endpoint: Endpoint) -> str:
         if endpoint != "chat/completions":

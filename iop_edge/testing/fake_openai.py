@@ -23,6 +23,9 @@ how many; at most ``max_tokens`` / ``max_completion_tokens`` chunks are sent (fi
 ``length``). Usage counts whitespace-separated words of every message as prompt tokens and
 content chunks as completion tokens.
 
+With ``tokenizer="vllm"`` or ``"llama_cpp"`` it also serves that server's tokenizer endpoints
+(``/tokenize``, ``/apply-template``) at its root: :mod:`iop_edge.testing.fake_tokenizer`.
+
 Behaviour control and observation (:class:`~iop_edge.testing.fake_upstream.FakeBehavior`, the
 ``x-fake-behavior`` header, ``[[fake:...]]`` directives, counters and waits) live in
 :mod:`iop_edge.testing.fake_upstream`; the names a test needs are re-exported here.
@@ -51,9 +54,9 @@ from iop_edge.testing.fake_behavior import (
     DIRECTIVE_PREFIX,
     FakeBehavior,
 )
+from iop_edge.testing.fake_tokenizer import FakeTokenizer, FakeTokenizerRoutes
 from iop_edge.testing.fake_upstream import (
     FAKE_EMBEDDING_DIMENSIONS,
-    FakeUpstream,
     FakeUpstreamStatistics,
     RecordedRequest,
     RejectedRequest,
@@ -77,12 +80,14 @@ __all__ = [
 ]
 
 
-class FakeOpenAI(FakeUpstream):
+class FakeOpenAI(FakeTokenizerRoutes):
     """A fake OpenAI-compatible server (``/v1/chat/completions``, ``/v1/completions``, models).
 
     ``api_key``, when set, must arrive as ``Authorization: Bearer <api_key>`` or the request
-    gets 401 ``invalid_api_key``, like the real API. See :class:`FakeUpstream` for behaviour
-    control and observation, and the module docstring for how replies are built.
+    gets 401 ``invalid_api_key``, like the real API. ``tokenizer`` is the tokenizer dialect it
+    serves at its root (:attr:`tokenizer`, reassignable; ``None``: none, both paths 404). See
+    :class:`FakeUpstream` for behaviour control and observation, and the module docstring for
+    how replies are built.
     """
 
     _error_types: ClassVar[Mapping[int, str]] = {
@@ -102,8 +107,10 @@ class FakeOpenAI(FakeUpstream):
         record_limit: int = 1000,
         host: str = "127.0.0.1",
         port: int = 0,
+        tokenizer: FakeTokenizer | None = None,
     ) -> None:
         self.api_key = api_key
+        self.tokenizer = tokenizer
         super().__init__(
             behavior=behavior,
             models=models,
@@ -124,6 +131,7 @@ class FakeOpenAI(FakeUpstream):
         router.add_post("/v1/completions", self._generation(self._completions))
         router.add_post("/v1/embeddings", self._generation(self._embeddings))
         router.add_get("/v1/models", self._models)
+        self._add_tokenizer_routes(router)
 
     def _error_response(
         self, status: int, message: str, *, param: str | None = None, code: str | None = None

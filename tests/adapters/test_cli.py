@@ -126,6 +126,35 @@ def test_prompt_rendering_conversation_is_role_blocks() -> None:
     )
 
 
+HISTORY_WITH_REASONING: list[dict[str, Any]] = [
+    {"role": "user", "content": "read the log"},
+    {
+        "role": "assistant",
+        "content": "It failed at step 3.",
+        "reasoning_content": "The log ends with an error at step 3.",
+    },
+    {"role": "user", "content": "and now?"},
+]
+
+
+def test_prompt_rendering_leaves_an_assistant_turns_reasoning_out() -> None:
+    """Issue 27: reasoning is never turned into text the agent reads as the assistant's."""
+    assert render_prompt(HISTORY_WITH_REASONING) == (
+        "user: read the log\n\nassistant: It failed at step 3.\n\nuser: and now?\n"
+    )
+
+
+async def test_reasoning_in_history_never_reaches_the_agent(sets: SetFactory) -> None:
+    """What the command reads (cat answers it back) has the turn's text and not its reasoning."""
+    executor = cli_set(sets, [], command="cat")
+    call = chat()
+    call.body["messages"] = HISTORY_WITH_REASONING
+    answer = reply_json(await executor.complete(call))["choices"][0]["message"]
+    assert answer["content"] == render_prompt(HISTORY_WITH_REASONING)
+    assert "The log ends" not in answer["content"]
+    assert "reasoning_content" not in answer
+
+
 async def test_shipped_config_cat_echoes_the_conversation() -> None:
     config = load_config((ROOT / "configs" / "edge.yaml").read_text())
     adapter_set = AdapterSet.from_payload(node_payload(config, "local"))
