@@ -60,6 +60,7 @@ from typing import Any, Final
 import orjson
 
 from iop_edge.adapters.base import (
+    NO_NATIVE_APIS,
     UnsupportedRequestError,
     UpstreamCall,
     UpstreamReply,
@@ -301,6 +302,11 @@ class OllamaExecutor:
         self._backend = backend
         self._target = target
         self._context_size = context_size
+
+    @property
+    def native_apis(self) -> frozenset[str]:
+        """None: Ollama's requests are translated to its own API."""
+        return NO_NATIVE_APIS
 
     def _prepare(self, call: UpstreamCall) -> tuple[str, bytes]:
         request = ollama_request(call, self._context_size, self._target.label)

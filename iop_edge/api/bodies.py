@@ -20,14 +20,14 @@ string, strings, token ids or token-id lists, counted as for a completions promp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import orjson
 
+from iop_edge.adapters.base import Endpoint
 from iop_edge.api.catalog import ModelEntry
 from iop_edge.errors import RequestError
 
-Endpoint = Literal["chat/completions", "completions", "embeddings"]
 MAX_TOKEN_FIELDS: Final = ("max_completion_tokens", "max_tokens")
 THINKING_FIELD: Final = "thinking_token_budget"
 PER_MESSAGE_TOKENS: Final = 3
