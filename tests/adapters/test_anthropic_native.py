@@ -239,6 +239,27 @@ async def test_a_provider_without_native_messages_refuses_them_before_any_io(set
     assert fake.total_requests == 0
 
 
+@pytest.mark.parametrize("provider", ["ollama", "agent"])
+async def test_ollama_and_cli_refuse_a_messages_call_before_any_io(sets, provider):
+    adapter_set = sets(
+        [
+            {"name": "ol", "type": "ollama", "base_url": "http://127.0.0.1:9"},
+            {"name": "sh", "type": "cli", "command": "false"},
+        ],
+        [
+            {"id": "ollama", "type": "ollama", "adapter": "ol"},
+            {"id": "agent", "type": "cli", "adapter": "sh"},
+        ],
+    )
+    executor = adapter_set.for_provider(provider)
+    with pytest.raises(UnsupportedRequestError) as info:
+        await executor.complete(messages())
+    assert str(info.value).endswith(
+        "serves only /v1/chat/completions; /v1/messages needs translating to chat, or an "
+        "openai_compat provider with native_apis"
+    )
+
+
 # --- streams ---------------------------------------------------------------------------------
 
 
