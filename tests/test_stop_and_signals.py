@@ -387,6 +387,8 @@ def test_sighup_while_the_daemon_stops_is_not_fatal(tmp_path):
 class BrokenExecutor:
     """A provider adapter with a bug: it fails with an error quoting the request body."""
 
+    native_apis: frozenset[str] = frozenset()
+
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """Raise (the message quotes the request, as careless error messages do)."""
         raise ValueError(f"cannot encode {call.body!r}")

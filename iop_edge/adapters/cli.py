@@ -79,7 +79,13 @@ from typing import Any
 
 import orjson
 
-from iop_edge.adapters.base import UpstreamCall, UpstreamReply, UpstreamStream, Usage
+from iop_edge.adapters.base import (
+    NO_NATIVE_APIS,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+    Usage,
+)
 from iop_edge.adapters.cli_process import CliRun, CliTracker
 from iop_edge.adapters.deadlines import Deadlines, Exchange
 from iop_edge.adapters.fields import refuse_unhonoured
@@ -286,6 +292,11 @@ class CliExecutor:
         self._env = dict(env)
         self._format = output_format
         self._deadlines = Deadlines(timeout_ms, clock)
+
+    @property
+    def native_apis(self) -> frozenset[str]:
+        """None: an agent's requests are translated to its prompt."""
+        return NO_NATIVE_APIS
 
     def _timeout(self, run: CliRun, exchange: Exchange) -> AdapterError:
         return exchange.timeout_error(

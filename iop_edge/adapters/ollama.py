@@ -78,6 +78,7 @@ from typing import Any, Final
 import orjson
 
 from iop_edge.adapters.base import (
+    NO_NATIVE_APIS,
     UnsupportedRequestError,
     UpstreamCall,
     UpstreamReply,
@@ -351,6 +352,11 @@ class OllamaExecutor:
         """Always ``None``: Ollama serves no tokenizer endpoint (no ``/tokenize``; its
         ``prompt_eval_count`` comes only with an answer), so the edge estimates."""
         return None
+
+    @property
+    def native_apis(self) -> frozenset[str]:
+        """None: Ollama's requests are translated to its own API."""
+        return NO_NATIVE_APIS
 
     def _prepare(self, call: UpstreamCall) -> tuple[str, bytes]:
         request = ollama_request(call, self._context_size, self._target.label)

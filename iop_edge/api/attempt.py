@@ -199,8 +199,11 @@ async def _relay(
                     lease.failed(Failure(exc.failure, str(exc)))
                 record.code, record.error = exc.code, str(exc)
                 record.upstream_failure = exc.code
-                message = client_message(exc, record.provider)
-                await response.write(renderer.render_stream_error(message, exc.code, exc.status))
+                if not exc.error_relayed:  # (else the upstream's own error event was the last)
+                    message = client_message(exc, record.provider)
+                    await response.write(
+                        renderer.render_stream_error(message, exc.code, exc.status)
+                    )
             await response.write_eof()
         except ConnectionResetError:
             # The client left (before or during the stream): nothing more can be sent.

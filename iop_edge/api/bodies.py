@@ -23,13 +23,13 @@ string, strings, token ids or token-id lists, counted as for a completions promp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
+from iop_edge.adapters.base import Endpoint
 from iop_edge.api.catalog import ModelEntry
 from iop_edge.errors import RequestError
 from iop_edge.translate.count_tokens import estimate_chat_tokens
 
-Endpoint = Literal["chat/completions", "completions", "embeddings"]
 MAX_TOKEN_FIELDS: Final = ("max_completion_tokens", "max_tokens")
 THINKING_FIELD: Final = "thinking_token_budget"
 

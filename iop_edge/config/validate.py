@@ -16,6 +16,7 @@ from iop_edge.config.address import ListenAddress
 from iop_edge.config.schema import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_QUEUE_TIMEOUT_MS,
+    NATIVE_API_TYPES,
     Adapter,
     EdgeConfig,
     ModelGroup,
@@ -133,6 +134,9 @@ class _Checker:
                         "unique within a node",
                     )
                 names.add(adapter.name)
+                self.native_apis(
+                    f"nodes[{node.id}].adapters[{adapter.name}]", adapter.type, adapter
+                )
             providers = tuple(self.provider(node, p) for p in node.providers)
             nodes.append(node.model_copy(update={"providers": providers}))
         return tuple(nodes)
@@ -165,6 +169,7 @@ class _Checker:
                 "a cli provider has no HTTP health check (omit health_check or set it to false: "
                 "an ejected cli provider gets one trial request once its ejection ends)",
             )
+        self.native_apis(path, provider.type, provider)
         adapter = self.resolve_adapter(node, provider, path, report=provider.enabled)
         if adapter is None:
             return provider
@@ -183,6 +188,19 @@ class _Checker:
         if provider.enabled:
             self.reachable(path, adapter, provider)
         return provider.model_copy(update={"adapter": adapter.name})
+
+    def native_apis(self, path: str, kind: str, fields: Adapter | Provider) -> None:
+        """``native_apis`` only where the upstream can speak another API: an ``openai_compat``
+        adapter or provider (an ``ollama`` or ``cli`` one has its requests translated)."""
+        if fields.native_apis is None or kind in NATIVE_API_TYPES:
+            return
+        what = f"{kind} {type(fields).__name__.lower()}s"
+        self.problem(
+            f"{path}.native_apis",
+            f"{list(fields.native_apis)} is not available on {what}; native_apis is an "
+            "execution field of openai_compat adapters and providers only (the requests of "
+            f"{what} are translated)",
+        )
 
     def reachable(self, path: str, adapter: Adapter, provider: Provider | None = None) -> None:
         """An upstream needs a way to reach it: ``base_url`` for HTTP adapters, ``command``

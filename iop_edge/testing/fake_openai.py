@@ -16,6 +16,11 @@ streaming and not), ``POST /v1/embeddings`` (an ``embedding`` per input, floats 
 asked; ``usage.prompt_tokens`` counts words, a token id as one) and ``GET /v1/models``.
 Errors use the OpenAI envelope ``{"error": {"message", "type", "param", "code"}}``.
 
+Like vLLM, llama.cpp and Ollama it also serves Anthropic Messages natively,
+``POST /v1/messages`` and ``POST /v1/messages/count_tokens``, in Anthropic's shapes, errors
+included (:mod:`~iop_edge.testing.fake_messages`); ``serves_messages=False`` makes a chat-only
+server, which answers them 404.
+
 **The reply** echoes the last user message (the prompt, for ``/v1/completions``) unless
 :attr:`FakeBehavior.reply` fixes it. It is cut at the first ``stop`` sequence (finish reason
 ``stop``) and split into content chunks, one per word unless :attr:`FakeBehavior.chunks` says
@@ -54,6 +59,7 @@ from iop_edge.testing.fake_behavior import (
     DIRECTIVE_PREFIX,
     FakeBehavior,
 )
+from iop_edge.testing.fake_messages import FakeMessagesUpstream
 from iop_edge.testing.fake_tokenizer import FakeTokenizer, FakeTokenizerRoutes
 from iop_edge.testing.fake_upstream import (
     FAKE_EMBEDDING_DIMENSIONS,
@@ -80,14 +86,16 @@ __all__ = [
 ]
 
 
-class FakeOpenAI(FakeTokenizerRoutes):
-    """A fake OpenAI-compatible server (``/v1/chat/completions``, ``/v1/completions``, models).
+class FakeOpenAI(FakeMessagesUpstream, FakeTokenizerRoutes):
+    """A fake OpenAI-compatible server (``/v1/chat/completions``, ``/v1/completions``, models,
+    and Anthropic's ``/v1/messages`` unless ``serves_messages`` is false).
 
     ``api_key``, when set, must arrive as ``Authorization: Bearer <api_key>`` or the request
-    gets 401 ``invalid_api_key``, like the real API. ``tokenizer`` is the tokenizer dialect it
-    serves at its root (:attr:`tokenizer`, reassignable; ``None``: none, both paths 404). See
-    :class:`FakeUpstream` for behaviour control and observation, and the module docstring for
-    how replies are built.
+    gets 401 ``invalid_api_key``, like the real API (the Messages routes also take it as
+    ``x-api-key``). ``tokenizer`` is the tokenizer dialect it serves at its root
+    (:attr:`tokenizer`, reassignable; ``None``: none, both paths 404). See
+    :class:`~iop_edge.testing.fake_upstream.FakeUpstream` for behaviour control and observation,
+    and the module docstring for how replies are built.
     """
 
     _error_types: ClassVar[Mapping[int, str]] = {
@@ -104,6 +112,7 @@ class FakeOpenAI(FakeTokenizerRoutes):
         models: Sequence[str] = ("fake-model",),
         strict_models: bool = False,
         api_key: str | None = None,
+        serves_messages: bool = True,
         record_limit: int = 1000,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -111,6 +120,9 @@ class FakeOpenAI(FakeTokenizerRoutes):
     ) -> None:
         self.api_key = api_key
         self.tokenizer = tokenizer
+        self.serves_messages = serves_messages
+        """Whether ``/v1/messages`` is served (fixed at construction: a chat-only server's
+        routes do not change)."""
         super().__init__(
             behavior=behavior,
             models=models,
@@ -132,6 +144,8 @@ class FakeOpenAI(FakeTokenizerRoutes):
         router.add_post("/v1/embeddings", self._generation(self._embeddings))
         router.add_get("/v1/models", self._models)
         self._add_tokenizer_routes(router)
+        if self.serves_messages:
+            self._add_messages_routes(router)
 
     def _error_response(
         self, status: int, message: str, *, param: str | None = None, code: str | None = None
