@@ -126,10 +126,11 @@ class FakeBehavior:
     ``hold`` parks the request (counted in flight) until
     :meth:`~iop_edge.testing.fake_upstream.FakeUpstream.release`.
 
-    Blocks besides the text, answered by the fakes' Anthropic Messages routes
+    Parts besides the text, answered by the fake OpenAI server's chat (``reasoning_content``
+    and ``tool_calls``, with ``finish_reason: "tool_calls"``) and its Anthropic Messages routes
     (:mod:`~iop_edge.testing.fake_messages`; the other protocols ignore them): ``thinking``, the
-    text of a thinking block that comes first; ``tool_call``, a tool call that comes last,
-    written ``NAME`` or ``NAME:{"the": "input as a JSON object"}``.
+    reasoning that comes first; ``tool_call``, a tool call that comes last (unless the answer
+    was cut by its length), written ``NAME`` or ``NAME:{"the": "input as a JSON object"}``.
 
     Per-request overrides use a query string of these field names (see :meth:`with_overrides`
     and :meth:`to_query`); values ``none`` or empty reset ``reply``, ``chunks``, ``fault``.

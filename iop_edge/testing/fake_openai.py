@@ -26,7 +26,10 @@ server, which answers them 404.
 ``stop``) and split into content chunks, one per word unless :attr:`FakeBehavior.chunks` says
 how many; at most ``max_tokens`` / ``max_completion_tokens`` chunks are sent (finish reason
 ``length``). Usage counts whitespace-separated words of every message as prompt tokens and
-content chunks as completion tokens.
+content chunks as completion tokens. A chat answer cut at a stop sequence names it in its
+choice's ``stop_reason``, as vLLM does; :attr:`FakeBehavior.thinking` and
+:attr:`FakeBehavior.tool_call` add ``reasoning_content`` (streamed word by word, before the
+content) and a tool call (streamed as its head, then its arguments in two fragments).
 
 With ``tokenizer="vllm"`` or ``"llama_cpp"`` it also serves that server's tokenizer endpoints
 (``/tokenize``, ``/apply-template``) at its root: :mod:`iop_edge.testing.fake_tokenizer`.
@@ -212,7 +215,14 @@ class FakeOpenAI(FakeMessagesUpstream, FakeTokenizerRoutes):
             max_tokens=max_tokens,
             stop=body.get("stop"),
         )
-        usage = _usage(count_words(messages), len(pieces))
+        met = _matched_stop(
+            prompt if behavior.reply is None else behavior.reply, body.get("stop"), finish
+        )
+        thought = split_reply(behavior.thinking, None) if behavior.thinking else []
+        call = _tool_call(behavior.tool_call, self.total_requests) if finish == "stop" else None
+        if call is not None:
+            finish = "tool_calls"
+        usage = _usage(count_words(messages), len(pieces) + len(thought) + (call is not None))
         completion_id = f"chatcmpl-fake{self._next_id()}"
         created = int(time.time())
         if not body.get("stream"):
@@ -236,6 +246,13 @@ class FakeOpenAI(FakeMessagesUpstream, FakeTokenizerRoutes):
                 ],
                 "usage": usage,
             }
+            choice = reply["choices"][0]
+            if thought:
+                choice["message"]["reasoning_content"] = behavior.thinking
+            if call is not None:
+                choice["message"]["tool_calls"] = [call]
+            if met is not None:
+                choice["stop_reason"] = met
             return await self._body(
                 request, behavior, orjson.dumps(reply), content_type="application/json"
             )
@@ -247,12 +264,26 @@ class FakeOpenAI(FakeMessagesUpstream, FakeTokenizerRoutes):
         )
         tail = b',"logprobs":null,"finish_reason":null}]' + _usage_null(include_usage) + b"}\n\n"
         frames = [head + b'{"role":"assistant","content":"","refusal":null}' + tail]
+        frames.extend(
+            head + b'{"reasoning_content":' + orjson.dumps(piece) + b"}" + tail for piece in thought
+        )
         frames.extend(head + b'{"content":' + orjson.dumps(piece) + b"}" + tail for piece in pieces)
+        if call is not None:
+            arguments = call["function"]["arguments"]
+            opened = {**call, "index": 0, "function": {**call["function"], "arguments": ""}}
+            frames.append(head + orjson.dumps({"tool_calls": [opened]}) + tail)
+            half = len(arguments) // 2  # (the arguments in two fragments, as servers stream)
+            for fragment in (arguments[:half], arguments[half:]):
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}
+                frames.append(head + orjson.dumps(delta) + tail)
+        stop_reason = b"" if met is None else b',"stop_reason":' + orjson.dumps(met)
         frames.append(
             head
             + b'{},"logprobs":null,"finish_reason":"'
             + finish.encode()
-            + b'"}]'
+            + b'"'
+            + stop_reason
+            + b"}]"
             + _usage_null(include_usage)
             + b"}\n\n"
         )
@@ -446,6 +477,28 @@ def _usage_frame(
         "usage": usage,
     }
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def _matched_stop(text: str, stop: object, finish: str) -> str | None:
+    """The stop sequence that cut ``text`` (reported as vLLM does, in the choice's
+    ``stop_reason``), if any cut it and the answer was not cut by its length first."""
+    if finish != "stop":
+        return None
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else ()
+    found = [(text.find(q), q) for q in stops if isinstance(q, str) and q and q in text]
+    return min(found)[1] if found else None
+
+
+def _tool_call(scripted: str | None, ordinal: int) -> dict[str, Any] | None:
+    """The chat tool call of :attr:`FakeBehavior.tool_call` (``NAME`` or ``NAME:{json}``)."""
+    if scripted is None:
+        return None
+    name, _, arguments = scripted.partition(":")
+    return {
+        "id": f"call_fake{ordinal}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments or "{}"},
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:

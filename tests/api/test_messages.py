@@ -103,8 +103,12 @@ async def test_every_refusal_is_an_anthropic_error_the_sdk_raises_as_its_class(
     async with running_edge(edge_doc(fake_oa, fake_ol)) as edge, anthropic_client(edge) as c:
         with pytest.raises(anthropic.NotFoundError) as unknown:
             await c.messages.create(model="no-such-model", max_tokens=8, messages=HELLO)
-        with pytest.raises(anthropic.BadRequestError) as missing:
-            await c.messages.create(model="chat-oa", messages=HELLO)  # type: ignore[call-arg]
+        with pytest.raises(anthropic.BadRequestError) as missing:  # (the SDK insists on it)
+            await c.post(
+                "/v1/messages",
+                body={"model": "chat-oa", "messages": HELLO},
+                cast_to=anthropic.types.Message,
+            )
         with pytest.raises(anthropic.BadRequestError) as server_tool:
             await c.messages.create(
                 model="chat-oa",
@@ -298,8 +302,11 @@ async def test_a_waiting_stream_refused_after_its_head_went_out_ends_in_an_error
             await wait_for(lambda: edge.scheduler.statistics().queue_depth == 1)
             await pass_deadline(clock, 1000.0 + KEEPALIVE_INTERVAL)
             response = await posted
-            await pass_deadline(clock, 1000.0 + 30.0)
-            body = await response.read()
+            # The scheduler's one timer is armed for its next deadline (a probe's, then the
+            # queue's): keep the clock at the queue's deadline until the refusal came.
+            read = asyncio.create_task(response.read())
+            await wait_for(lambda: clock.advance_to(1000.0 + 30.0) or read.done())
+            body = await read
         fake_oa.release()
         await held
     assert response.status == 200
