@@ -226,7 +226,7 @@ class FakeOpenAI(FakeMessagesUpstream, FakeTokenizerRoutes):
         completion_id = f"chatcmpl-fake{self._next_id()}"
         created = int(time.time())
         if not body.get("stream"):
-            reply = {
+            reply: dict[str, Any] = {
                 "id": completion_id,
                 "object": "chat.completion",
                 "created": created,

@@ -84,7 +84,7 @@ async def test_a_stop_sequence_and_the_token_limit_are_the_stop_reasons(
     fake_oa: FakeOpenAI, fake_ol: FakeOllama
 ) -> None:
     async with running_edge(edge_doc(fake_oa, fake_ol)) as edge, anthropic_client(edge) as c:
-        long = [{"role": "user", "content": " ".join(f"w{i}" for i in range(20))}]
+        long: Any = [{"role": "user", "content": " ".join(f"w{i}" for i in range(20))}]
         cut = await c.messages.create(model="chat-oa", max_tokens=8, messages=long)
         stopped = await c.messages.create(
             model="chat-oa", max_tokens=64, messages=HELLO, stop_sequences=["through"]
@@ -119,16 +119,16 @@ async def test_every_refusal_is_an_anthropic_error_the_sdk_raises_as_its_class(
         async with anthropic_client(edge, "iop_wrong-token") as stranger:
             with pytest.raises(anthropic.AuthenticationError) as denied:
                 await stranger.messages.create(model="chat-oa", max_tokens=8, messages=HELLO)
-    assert unknown.value.body == {
+    assert _body(unknown.value) == {
         "type": "error",
-        "error": {"type": "not_found_error", "message": unknown.value.body["error"]["message"]},
+        "error": {"type": "not_found_error", "message": _body(unknown.value)["error"]["message"]},
     }
-    assert "no-such-model" in unknown.value.body["error"]["message"]
-    assert missing.value.body["error"]["type"] == "invalid_request_error"
-    assert "max_tokens" in missing.value.body["error"]["message"]
-    assert "tools[0].type" in server_tool.value.body["error"]["message"]
+    assert "no-such-model" in _body(unknown.value)["error"]["message"]
+    assert _body(missing.value)["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in _body(missing.value)["error"]["message"]
+    assert "tools[0].type" in _body(server_tool.value)["error"]["message"]
     assert denied.value.status_code == 401
-    assert denied.value.body["error"]["type"] == "authentication_error"
+    assert _body(denied.value)["error"]["type"] == "authentication_error"
 
 
 async def test_a_full_queue_is_529_overloaded(fake_oa: FakeOpenAI, fake_ol: FakeOllama) -> None:
@@ -149,7 +149,7 @@ async def test_a_full_queue_is_529_overloaded(fake_oa: FakeOpenAI, fake_ol: Fake
         fake_oa.behavior = FakeBehavior()
         await asyncio.gather(*calls)
     assert info.value.status_code == 529
-    assert info.value.body["error"]["type"] == "overloaded_error"
+    assert _body(info.value)["error"]["type"] == "overloaded_error"
     assert info.value.response.headers["Retry-After"] == "1"
 
 
@@ -160,7 +160,7 @@ async def test_an_upstream_error_status_comes_back_with_its_status_and_its_wordi
     async with running_edge(edge_doc(fake_oa, fake_ol)) as edge, anthropic_client(edge) as c:
         with pytest.raises(anthropic.BadRequestError) as info:
             await c.messages.create(model="chat-oa", max_tokens=8, messages=HELLO)
-    assert info.value.body == {
+    assert _body(info.value) == {
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "prompt is too long: 9000 tokens"},
     }
@@ -183,7 +183,7 @@ async def test_a_failure_after_the_first_byte_is_an_error_event_never_message_st
     assert names[-1] == "error"
     assert "message_stop" not in names
     assert "message_delta" not in names
-    assert info.value.body["error"]["type"] == "api_error"
+    assert _body(info.value)["error"]["type"] == "api_error"
 
 
 # -- failover, keep-alive ---------------------------------------------------------------------
@@ -305,7 +305,12 @@ async def test_a_waiting_stream_refused_after_its_head_went_out_ends_in_an_error
             # The scheduler's one timer is armed for its next deadline (a probe's, then the
             # queue's): keep the clock at the queue's deadline until the refusal came.
             read = asyncio.create_task(response.read())
-            await wait_for(lambda: clock.advance_to(1000.0 + 30.0) or read.done())
+
+            def refused() -> bool:
+                clock.advance_to(1000.0 + 30.0)
+                return read.done()
+
+            await wait_for(refused)
             body = await read
         fake_oa.release()
         await held
@@ -353,6 +358,13 @@ async def _raw_stream(openai_url: str, fields: dict[str, Any]) -> bytes:
         ) as response,
     ):
         return await response.read()
+
+
+def _body(error: anthropic.APIStatusError) -> dict[str, Any]:
+    """The error answer's JSON body."""
+    body = error.body
+    assert isinstance(body, dict)
+    return body
 
 
 def _event_names(raw: bytes) -> list[str]:
