@@ -15,9 +15,11 @@ A field is accepted when it is absent, ``null``, or carries a value the adapter 
   ``true`` (Ollama has no budget, so a positive one is not enforced);
 - **no effect**: accepted and not forwarded, because it cannot change the answer (``user``,
   ``metadata``, ``store``, ``service_tier``, ``safety_identifier``, ``prompt_cache_key``);
-- **the edge's limits** (``cli`` only): ``max_tokens``, ``max_completion_tokens`` and
-  ``thinking_token_budget`` are accepted but not enforced — a command-line agent decides its
-  own length — because a model group's generation policy sets them on every request;
+- **the edge's limits** (``cli`` only): ``max_tokens``, ``max_completion_tokens``,
+  ``thinking_token_budget`` and ``reasoning_effort`` are accepted but not enforced — a
+  command-line agent decides its own length and effort — because a model group's generation
+  policy sets them on every request (and an Anthropic client's ``thinking`` and effort become
+  them);
 - **the default value** of a field that asks for more than one answer or for extras
   (``n: 1``, ``logprobs: false``, ``parallel_tool_calls: true``, ``tool_choice: "auto"``,
   ``modalities: ["text"]``, an empty ``logit_bias``);
@@ -187,6 +189,9 @@ _CLI_CHAT: Final[dict[str, _Rule]] = {
     **_BASE,
     # Set by a model group's generation policy on every request: accepted, not enforced.
     **dict.fromkeys(("max_tokens", "max_completion_tokens", "thinking_token_budget"), _honoured),
+    # What an Anthropic client's effort becomes: accepted (one of Ollama's levels, so that
+    # every request cli honours, ollama honours too), not enforced — the agent decides.
+    "reasoning_effort": _think_level,
     "response_format": _text_format,
     "tool_choice": _never("it cannot call tools"),
     "tools": _never("it cannot call tools"),

@@ -400,10 +400,22 @@ async def test_fields_a_cli_accepts_without_effect(sets: SetFactory) -> None:
         metadata={"k": "v"},
         max_tokens=10,
         thinking_token_budget=100,
+        reasoning_effort="high",
         temperature=None,
     )
     reply = reply_json(await executor.complete(call))
     assert reply["choices"][0]["message"]["content"] == "fine"
+
+
+async def test_a_reasoning_effort_ollama_would_refuse_is_refused_by_cli_too(
+    sets: SetFactory,
+) -> None:
+    """Every request cli honours, ollama honours too (so a mixed group's capable providers are
+    one of its scheduler groups)."""
+    executor = cli_set(sets, [])
+    with pytest.raises(UnsupportedRequestError) as caught:
+        await executor.complete(chat("x", reasoning_effort="extreme"))
+    assert caught.value.param == "reasoning_effort"
 
 
 async def test_completions_endpoint_is_an_invalid_request(sets: SetFactory) -> None:
