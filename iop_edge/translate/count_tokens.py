@@ -74,16 +74,14 @@ def estimate_chat_tokens(chat: Mapping[str, Any]) -> int:
     if tools:
         try:
             total += len(orjson.dumps(tools))
-        except orjson.JSONEncodeError:  # (deeper than orjson's 254 levels, or a 65-bit int)
-            try:
-                total += len(dumps(tools))
-            except RecursionError:
+        except orjson.JSONEncodeError as exc:
+            if "ecursion" in str(exc):  # (deeper than 254 levels: no upstream takes that)
                 raise RequestError(
                     "invalid_request_error",
-                    "'tools' is nested too deeply to count (more than the JSON encoder's "
-                    "depth limit).",
+                    "'tools' is nested too deeply (more than 254 levels).",
                     param="tools",
                 ) from None
+            total += len(dumps(tools))  # (an integer beyond 64 bits, which json can write)
     return -(-total // 4) + PER_MESSAGE_TOKENS * len(messages) + IMAGE_TOKENS * images
 
 
