@@ -243,23 +243,33 @@ class RequestPath:
             response = await keepalive.settle()
             if response is None:
                 raise
-            record.status, record.code = 200, describe(exc)[1] or "upstream_error"
-            record.error = record.error or str(exc)
-            if isinstance(exc, AdapterError) and exc.code.startswith("upstream_"):
-                record.upstream_failure = exc.code
-            renderer = parsed.renderer(
-                native=False, estimated_input_tokens=prepared.estimated_input_tokens
-            )
-            status = exc.status if isinstance(exc, AdapterError) else describe(exc)[0]
-            await response.write(
-                renderer.render_stream_error(
-                    client_message(exc, record.provider), record.code, status
-                )
-            )
-            await response.write_eof()
+            await self._refused_in_stream(response, exc, record, exchange)
             return response
         finally:
             keepalive.stop()
+
+    async def _refused_in_stream(
+        self,
+        response: web.StreamResponse,
+        exc: IopEdgeError,
+        record: RequestRecord,
+        exchange: _Exchange,
+    ) -> None:
+        """A refusal of a stream whose head went out (keep-alive): the surface's error event
+        as its last write (the status said 200; the request line's code says what happened)."""
+        status, code, _ = describe(exc)
+        record.status, record.code = 200, code or "upstream_error"
+        record.error = record.error or str(exc)
+        if isinstance(exc, AdapterError):
+            status = exc.status
+            if exc.code.startswith("upstream_"):
+                record.upstream_failure = exc.code
+        renderer = exchange.parsed.renderer(
+            native=False, estimated_input_tokens=exchange.prepared.estimated_input_tokens
+        )
+        message = client_message(exc, record.provider)
+        await response.write(renderer.render_stream_error(message, record.code, status))
+        await response.write_eof()
 
     async def read_body(self, request: web.Request, record: RequestRecord) -> bytes:
         """The request's JSON body (a 415 for another type, a 413 past
