@@ -28,7 +28,6 @@ the lease is released on the way out.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import itertools
 import math
@@ -39,12 +38,11 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from aiohttp import web
 
-from iop_edge.adapters.base import Endpoint, Executor, StreamBounds, UpstreamCall
 from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, Lease
 from iop_edge.api.attempt import Failed, execute, failure_code, final_reply
 from iop_edge.api.auth import Authenticator, ProviderAuthForwarder
-from iop_edge.api.bodies import PreparedRequest, prepare
+from iop_edge.api.bodies import prepare
 from iop_edge.api.catalog import (
     Catalog,
     ModelEntry,
@@ -53,10 +51,11 @@ from iop_edge.api.catalog import (
     model_not_found,
 )
 from iop_edge.api.errors import client_message, describe, error_headers
+from iop_edge.api.exchange import Exchange
 from iop_edge.api.guard import RequestGuard, exception_summary, require_json_body
 from iop_edge.api.keepalive import Keepalive
 from iop_edge.api.record import RequestObserver, RequestRecord
-from iop_edge.api.surface import Renderer, Surface, SurfaceRequest
+from iop_edge.api.surface import Surface
 from iop_edge.config.policy import route_group
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
@@ -219,7 +218,7 @@ class RequestPath:
             prepared = prepare(body, endpoint, model, catalog.long_context_threshold_tokens)
             group = admission_group(model, endpoint, body)
             long_context = prepared.long_context
-        exchange = _Exchange(
+        exchange = Exchange(
             parsed,
             endpoint,
             prepared,
@@ -253,7 +252,7 @@ class RequestPath:
         response: web.StreamResponse,
         exc: IopEdgeError,
         record: RequestRecord,
-        exchange: _Exchange,
+        exchange: Exchange,
     ) -> None:
         """A refusal of a stream whose head went out (keep-alive): the surface's error event
         as its last write (the status said 200; the request line's code says what happened)."""
@@ -329,7 +328,7 @@ class RequestPath:
         self,
         request: web.Request,
         record: RequestRecord,
-        exchange: _Exchange,
+        exchange: Exchange,
         share: str,
         group: str,
         long_context: bool,
@@ -406,82 +405,6 @@ class RequestPath:
         self.write_request_line({"endpoint": record.endpoint, **shown, **record.log_fields()})
         for observe in self.observers:
             observe(record)
-
-
-class _Exchange:
-    """One request between its parse and its answer: what every attempt is built from. The
-    :class:`~iop_edge.adapters.base.UpstreamCall` of the internal form is built once, for the
-    first attempt in that form; an attempt on another provider derives its call from it (its
-    target and stream bounds), and an attempt on a provider that speaks the surface's API
-    natively sends the client's own body (built once, when first needed)."""
-
-    __slots__ = (
-        "_call",
-        "_endpoint",
-        "_headers",
-        "_model_id",
-        "_native",
-        "_request_id",
-        "keepalive",
-        "model",
-        "parsed",
-        "prepared",
-        "route",
-    )
-
-    def __init__(
-        self,
-        parsed: SurfaceRequest,
-        endpoint: Endpoint,
-        prepared: PreparedRequest,
-        model: ModelEntry | None,
-        route: RouteEntry | None,
-        headers: Mapping[str, str],
-        request_id: str,
-        model_id: str,
-    ) -> None:
-        self.parsed = parsed
-        self._endpoint = endpoint
-        self.prepared = prepared
-        self.model = model
-        self.route = route
-        self._headers = headers
-        self._request_id = request_id
-        self._model_id = model_id
-        self._call: UpstreamCall | None = None
-        self._native: UpstreamCall | None = None
-        self.keepalive: Keepalive | None = None
-
-    def attempt(
-        self, executor: Executor, target: str, bounds: StreamBounds | None
-    ) -> tuple[UpstreamCall, Renderer]:
-        """The call and the renderer of an attempt on ``executor``."""
-        parsed, prepared = self.parsed, self.prepared
-        api = parsed.native_api
-        native = api is not None and api in executor.native_apis
-        call = self._native if native else self._call
-        if call is None:
-            call = UpstreamCall(
-                api if native else self._endpoint,  # type: ignore[arg-type]
-                parsed.native_body(prepared.body) if native else prepared.body,
-                target,
-                prepared.stream,
-                {**self._headers, **parsed.native_headers()} if native else self._headers,
-                self._request_id,
-                self._model_id,
-                prepared.estimated_input_tokens,
-                bounds,
-            )
-            if native:
-                self._native = call
-            else:
-                self._call = call
-        elif call.target != target or call.bounds != bounds:
-            call = dataclasses.replace(call, target=target, bounds=bounds)
-        renderer = parsed.renderer(
-            native=native, estimated_input_tokens=prepared.estimated_input_tokens
-        )
-        return call, renderer
 
 
 def session_id(headers: Mapping[str, str]) -> str | None:
