@@ -6,7 +6,8 @@ works, in this order, and the answer's ``x-iop-token-count`` header says which:
 
 1. ``passthrough`` — a provider of the model that speaks Messages (``native_apis: [messages]``)
    counts it: the body is forwarded to its ``/messages/count_tokens`` (``model`` its target,
-   ``anthropic-version`` and ``anthropic-beta`` forwarded) and its answer returned as it came;
+   ``anthropic-version`` and ``anthropic-beta`` forwarded) and its answer returned as it came
+   (an error status too, but 429 and 5xx: the upstream failed, and the count moves on);
 2. ``tokenizer`` — a provider that exposes its tokenizer (vLLM's ``/tokenize``, llama.cpp's
    ``/apply-template`` and ``/tokenize``) counts the translated chat body with the model's chat
    template;
@@ -98,6 +99,15 @@ class TokenCounter:
                         request_id=record.request_id,
                         provider=provider_id,
                         error=str(exc),
+                    )
+                    continue
+                if reply.status == 429 or reply.status >= 500:
+                    # The upstream failed rather than judged the request: count the next way.
+                    path.log.info(
+                        "count_tokens_upstream_failed",
+                        request_id=record.request_id,
+                        provider=provider_id,
+                        error=reply.detail or f"the upstream answered HTTP {reply.status}",
                     )
                     continue
                 record.provider, record.status = provider_id, reply.status
