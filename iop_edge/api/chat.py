@@ -59,6 +59,7 @@ class ChatRequest:
 
     native_api: Final = None
     keepalive: Final = None
+    refusal: Final = None
 
     def __init__(self, body: dict[str, Any]) -> None:
         self.body = body

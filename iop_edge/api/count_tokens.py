@@ -1,8 +1,10 @@
 """``POST /v1/messages/count_tokens``: a Messages request's input tokens, without a slot.
 
 The request is authenticated, its model resolved and allow-listed, and its body translated as
-for ``/v1/messages`` (``max_tokens`` not required); then it is counted by the first way that
-works, in this order, and the answer's ``x-iop-token-count`` header says which:
+for ``/v1/messages`` (``max_tokens`` not required; a body the translation refuses — a server
+tool, say — can still be counted by a passthrough provider, and is refused as the translation
+said otherwise); then it is counted by the first way that works, in this order, and the
+answer's ``x-iop-token-count`` header says which:
 
 1. ``passthrough`` — a provider of the model that speaks Messages (``native_apis: [messages]``)
    counts it: the body is forwarded to its ``/messages/count_tokens`` (``model`` its target,
@@ -27,12 +29,13 @@ from typing import Final
 import orjson
 from aiohttp import web
 
-from iop_edge.adapters.base import Executor, UpstreamCall
+from iop_edge.adapters.base import UpstreamCall
 from iop_edge.api.errors import describe
 from iop_edge.api.messages import FORWARDED_HEADERS, MESSAGES_API, MESSAGES_SURFACE, decode_body
 from iop_edge.api.record import RequestRecord
 from iop_edge.api.request_path import RequestPath, error_response, request_id, session_id
-from iop_edge.errors import AdapterError, IopEdgeError
+from iop_edge.errors import AdapterError, IopEdgeError, RequestError
+from iop_edge.translate.chat_request import InternalRequest
 from iop_edge.translate.count_tokens import estimate_chat_tokens
 from iop_edge.translate.messages_request import translate_request
 
@@ -62,21 +65,16 @@ class TokenCounter:
             record.principal = path.auth.authenticate_headers(headers)
             raw = await path.read_body(request, record)
             body = decode_body(raw)
-            internal = translate_request(body, counting=True)
-            record.model = model_id = internal.model
+            try:
+                internal: InternalRequest | None = translate_request(body, counting=True)
+                refusal: RequestError | None = None
+            except RequestError as exc:  # (a passthrough provider may still count it)
+                if not isinstance(body.get("model"), str) or not body["model"]:
+                    raise
+                internal, refusal = None, exc
+            record.model = model_id = body["model"]
             _, model, route = path.resolve(record, path.catalog, model_id)
-            candidates: list[tuple[str, Executor, str]] = []
-            if model is not None:
-                nodes = path.catalog.provider_nodes
-                for provider_id, target in model.targets.items():
-                    try:
-                        executor = path.adapters.provider(nodes[provider_id], provider_id)
-                    except KeyError:  # (a disabled provider has no executor)
-                        continue
-                    candidates.append((provider_id, executor, target))
-            elif route is not None:
-                executor = path.adapters.route(route.node_id, route.adapter)
-                candidates.append((route.adapter, executor, route.target))
+            candidates = path.executors(path.catalog, model, route)
             upstream_headers = path.provider_auth.upstream_headers(headers)
             forwarded = {n: headers[n] for n in FORWARDED_HEADERS if n in headers}
             for provider_id, executor, target in candidates:
@@ -114,6 +112,9 @@ class TokenCounter:
                 if reply.status >= 400:
                     record.code, record.error = "client_error", reply.detail
                 return _answer(record, reply.body, reply.status, "passthrough")
+            if internal is None:
+                assert refusal is not None
+                raise refusal  # (no provider could count it as it is)
             for provider_id, executor, target in candidates:
                 counted = await executor.count_tokens(
                     internal.chat, target, upstream_headers, record.request_id

@@ -74,6 +74,8 @@ class Exchange:
         parsed, prepared = self.parsed, self.prepared
         api = parsed.native_api
         native = api is not None and api in executor.native_apis
+        if not native and parsed.refusal is not None:
+            raise parsed.refusal  # (only a provider that speaks the API could take it)
         call = self._native if native else self._call
         if call is None:
             call = UpstreamCall(

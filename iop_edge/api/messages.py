@@ -63,6 +63,7 @@ __all__ = [
     "TranslatedRenderer",
     "apply_reasoning",
     "decode_body",
+    "untranslated",
 ]
 
 #: the ``native_apis`` name of Anthropic Messages
@@ -206,20 +207,51 @@ class PassthroughRenderer:
 _PASSTHROUGH: Final = PassthroughRenderer()
 
 
-class MessagesRequest:
-    """A parsed ``/v1/messages`` request (see :class:`~iop_edge.api.surface.SurfaceRequest`)."""
+def untranslated(body: Mapping[str, Any], raw: bytes, refusal: RequestError) -> InternalRequest:
+    """What the request path needs of a body only passthrough can take: its model, stream and
+    ``max_tokens`` (each checked as the translation checks it; else ``refusal`` is raised), and
+    one message of its whole text, so that it is estimated (admission, the context window) by
+    its size. Never sent upstream: an attempt that would translate it raises ``refusal``."""
+    model, stream, max_tokens = body.get("model"), body.get("stream"), body.get("max_tokens")
+    if (
+        not isinstance(model, str)
+        or not model
+        or not isinstance(stream, bool | None)
+        or type(max_tokens) is not int
+        or max_tokens < 1
+    ):
+        raise refusal
+    chat: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": raw.decode("utf-8", "replace")}],
+        "max_tokens": max_tokens,
+    }
+    if stream:
+        chat["stream"] = True
+    return InternalRequest(chat, model, bool(stream), None, (), ())
 
-    __slots__ = ("_headers", "_internal", "_raw", "keepalive")
+
+class MessagesRequest:
+    """A parsed ``/v1/messages`` request (see :class:`~iop_edge.api.surface.SurfaceRequest`).
+    ``refusal``: why the translation refused the body, which then only a provider that speaks
+    Messages can take."""
+
+    __slots__ = ("_headers", "_internal", "_raw", "keepalive", "refusal")
 
     native_api: Final = MESSAGES_API
 
     def __init__(
-        self, raw: dict[str, Any], internal: InternalRequest, headers: Mapping[str, str]
+        self,
+        raw: dict[str, Any],
+        internal: InternalRequest,
+        headers: Mapping[str, str],
+        refusal: RequestError | None = None,
     ) -> None:
         self._raw = raw
         self._internal = internal
         self._headers = headers
         self.keepalive: bytes | None = PING if internal.stream else None
+        self.refusal = refusal
 
     @property
     def body(self) -> dict[str, Any]:
@@ -261,9 +293,14 @@ class MessagesSurface:
     endpoint: Final[Endpoint] = "chat/completions"
 
     def parse(self, raw: bytes, headers: Mapping[str, str]) -> MessagesRequest:
-        """The body translated into the internal form (a 400 naming the field otherwise)."""
+        """The body translated into the internal form. A body the translation refuses (a
+        server tool, a field it cannot honour) may still be passed through: it is kept with
+        its refusal (:attr:`MessagesRequest.refusal`), for a provider that speaks Messages."""
         body = decode_body(raw)
-        internal = translate_request(body)
+        try:
+            internal = translate_request(body)
+        except RequestError as exc:
+            return MessagesRequest(body, untranslated(body, raw, exc), headers, exc)
         apply_reasoning(internal.chat, internal.reasoning)
         return MessagesRequest(body, internal, headers)
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from aiohttp import web
 
+from iop_edge.adapters.base import Executor
 from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, Lease
 from iop_edge.api.attempt import Failed, execute, failure_code, final_reply
@@ -209,6 +210,12 @@ class RequestPath:
         record.stream = endpoint != "embeddings" and bool(body.get("stream"))
         catalog = self.catalog
         share, model, route = self.resolve(record, catalog, model_id)
+        refusal = parsed.refusal
+        if refusal is not None and not any(
+            parsed.native_api in executor.native_apis
+            for _, executor, _ in self.executors(catalog, model, route)
+        ):
+            raise refusal  # (no provider of the model could take it as it is)
         if model is None:
             prepared = prepare(body, endpoint, None, catalog.long_context_threshold_tokens)
             # Admitted like a group (its capacity, the principal's caps and share); its
@@ -296,6 +303,26 @@ class RequestPath:
                 )
             raise
         return raw
+
+    def executors(
+        self, catalog: Catalog, model: ModelEntry | None, route: RouteEntry | None
+    ) -> list[tuple[str, Executor, str]]:
+        """The providers of a model group (in its order; a disabled one has no executor) or
+        the route's one adapter: each provider's id, executor and upstream target."""
+        if model is None:
+            assert route is not None
+            return [
+                (route.adapter, self.adapters.route(route.node_id, route.adapter), route.target)
+            ]
+        found = []
+        nodes = catalog.provider_nodes
+        for provider_id, target in model.targets.items():
+            try:
+                executor = self.adapters.provider(nodes[provider_id], provider_id)
+            except KeyError:
+                continue
+            found.append((provider_id, executor, target))
+        return found
 
     def resolve(
         self, record: RequestRecord, catalog: Catalog, model_id: str

@@ -16,6 +16,10 @@ serves.
 (:attr:`SurfaceRequest.native_api`, e.g. ``"messages"``); on a provider that declares that API
 (``native_apis``), the attempt sends :meth:`SurfaceRequest.native_body` to the adapter's
 endpoint of that name instead of the internal form, and renders with the passthrough renderer.
+A body the surface cannot put in the internal form (an Anthropic server tool, say) but that
+such a provider can take is kept with its refusal (:attr:`SurfaceRequest.refusal`): it is
+served when its model has a provider that speaks the API, and refused as the translation said
+otherwise — or when admission gives it a provider that does not.
 
 **Keep-alive.** A streamed request of a surface that has a keep-alive event
 (:attr:`SurfaceRequest.keepalive`, Anthropic's ``ping``) that waits — in the queue, for an
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from iop_edge.adapters.base import Endpoint, UpstreamReply
+    from iop_edge.errors import RequestError
 
 __all__ = ["Renderer", "Surface", "SurfaceRequest"]
 
@@ -87,6 +92,13 @@ class SurfaceRequest(Protocol):
     @property
     def keepalive(self) -> bytes | None:
         """The event a waiting stream sends at an interval, or ``None`` (none is sent)."""
+        ...
+
+    @property
+    def refusal(self) -> RequestError | None:
+        """Why the request cannot be put in the internal form (``None``: it is): then only a
+        provider that speaks :attr:`native_api` can take it, and :attr:`body` stands for it
+        only to be admitted (its model, stream, token limit and size)."""
         ...
 
     def native_body(self, policy: Mapping[str, Any]) -> dict[str, Any]:

@@ -383,3 +383,46 @@ async def test_an_alias_names_the_answer_and_the_upstream_gets_the_target(
     assert whole.model == final.model == SONNET
     assert [r.json["model"] for r in up.requests] == ["fake-model", "fake-model"]
     assert [x["model"] for x in request_lines(log_stream)] == [SONNET, SONNET]
+
+
+#: what only Anthropic (or an upstream that speaks Messages) can honour: a server tool and MCP
+SERVER_TOOLS: Any = {
+    "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
+    "mcp_servers": [{"type": "url", "url": "https://mcp.example.com/sse", "name": "docs"}],
+}
+
+
+async def test_what_only_passthrough_can_honour_is_forwarded_untouched(up: FakeOpenAI) -> None:
+    """A server tool and mcp_servers, which the translation refuses, go to a provider that
+    speaks Messages as they came (the group has no other provider), and count there too."""
+    body = {"model": "native", "max_tokens": 16, "messages": HELLO, **SERVER_TOOLS}
+    async with running_edge(passthrough_doc(up)) as edge, anthropic_client(edge) as c:
+        answer = await c.post("/v1/messages", body=body, cast_to=anthropic.types.Message)
+        counted = await c.messages.count_tokens(
+            model="native", messages=HELLO, extra_body=SERVER_TOOLS
+        )
+    whole, counting = up.requests
+    assert answer.model == "native"
+    assert whole.json == {**body, "model": "fake-model"}
+    assert counting.path == "/v1/messages/count_tokens"
+    assert counting.json["tools"] == SERVER_TOOLS["tools"]
+    assert counted.input_tokens > 0
+
+
+async def test_without_a_provider_that_speaks_messages_it_is_the_translations_400(
+    fake_oa: FakeOpenAI,
+) -> None:
+    """The same body for a group of chat-only providers: the translation's refusal, naming the
+    field, before admission (nothing reaches the upstream), for counting too."""
+    doc = passthrough_doc(fake_oa)
+    del doc["nodes"][0]["adapters"][0]["native_apis"]
+    body = {"model": "native", "max_tokens": 16, "messages": HELLO, **SERVER_TOOLS}
+    async with running_edge(doc) as edge, anthropic_client(edge) as c:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await c.post("/v1/messages", body=body, cast_to=anthropic.types.Message)
+        with pytest.raises(anthropic.BadRequestError) as not_counted:
+            await c.messages.count_tokens(model="native", messages=HELLO, extra_body=SERVER_TOOLS)
+    for error in (refused.value, not_counted.value):
+        assert isinstance(error.body, dict)
+        assert error.body["error"]["message"].startswith("mcp_servers: ")
+    assert not fake_oa.requests
