@@ -17,8 +17,7 @@ def _rows() -> list[list[str]]:
     table = text[text.index("| situation | status | code | Anthropic type and status |") :]
     table = table[: table.index("\n\n")]
     return [
-        [cell.strip() for cell in line.strip("|").split("|")]
-        for line in table.splitlines()[2:]
+        [cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]
     ]
 
 
