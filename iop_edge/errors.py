@@ -130,6 +130,12 @@ class AdapterError(IopEdgeError):
     adapter was closed by a stop); ``failover`` is true when it failed before answering
     anything (connect error, timeout before the response head, a CLI that could not start or
     exited before any output), so the request may be retried on another provider.
+
+    ``error_relayed`` is true when the upstream reported the failure in the stream in the
+    client's own shape and that event was already relayed to the client as it came (an
+    Anthropic ``event: error`` on Messages passthrough, whose wording the client's agent
+    matches on): the caller must not write an error event of its own after it — the stream
+    simply ends — but the failure still counts against the provider like any other.
     """
 
     def __init__(
@@ -140,11 +146,13 @@ class AdapterError(IopEdgeError):
         status: int = 502,
         failure: FailureKind | None = "protocol",
         failover: bool = False,
+        error_relayed: bool = False,
     ) -> None:
         self.code = code
         self.status = status
         self.failure = failure
         self.failover = failover
+        self.error_relayed = error_relayed
         super().__init__(message)
 
 

@@ -27,7 +27,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -387,6 +387,8 @@ def test_sighup_while_the_daemon_stops_is_not_fatal(tmp_path):
 class BrokenExecutor:
     """A provider adapter with a bug: it fails with an error quoting the request body."""
 
+    native_apis: frozenset[str] = frozenset()
+
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """Raise (the message quotes the request, as careless error messages do)."""
         raise ValueError(f"cannot encode {call.body!r}")
@@ -394,6 +396,12 @@ class BrokenExecutor:
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
         """Raise, as :meth:`complete`."""
         raise ValueError(f"cannot encode {call.body!r}")
+
+    async def count_tokens(
+        self, chat_body: dict[str, Any], target: str, headers: Mapping[str, str], request_id: str
+    ) -> int | None:
+        """Cannot count (as an upstream without a tokenizer)."""
+        return None
 
 
 class BrokenAdapters(NodeAdapters):

@@ -5,7 +5,12 @@ An :class:`Executor` runs one :class:`UpstreamCall` on a provider (or a model ro
 an :class:`UpstreamReply` (non-streaming, or an upstream error status) or an
 :class:`UpstreamStream` (complete OpenAI SSE frames). Every executor speaks OpenAI on its
 output side whatever the upstream speaks: ``openai_compat`` relays, ``ollama`` and ``cli``
-normalize.
+normalize. The one exception is an API an upstream serves natively
+(:attr:`Executor.native_apis`): a ``messages`` or ``messages/count_tokens`` call is Anthropic
+Messages in and out, relayed by ``openai_compat`` (:mod:`iop_edge.adapters.anthropic_native`).
+:meth:`Executor.count_tokens` counts a chat body's input tokens with the upstream's own
+tokenizer where there is one (``openai_compat``: vLLM's or llama.cpp's ``/tokenize``, see
+:mod:`iop_edge.adapters.tokenize`); ``ollama`` and ``cli`` answer ``None``.
 
 Failure contract, the same for every adapter:
 
@@ -15,9 +20,12 @@ Failure contract, the same for every adapter:
   ``open_stream``;
 - after a stream started (reset, stall, malformed frame, an error reported in the stream, CLI
   crash): the same :class:`~iop_edge.errors.AdapterError` raised out of
-  :attr:`UpstreamStream.frames` — the caller renders it for the client;
+  :attr:`UpstreamStream.frames` — the caller renders it for the client, unless its
+  ``error_relayed`` says the upstream's own error event already reached the client (native
+  Messages: the frames ended with it);
 - an upstream's own HTTP error status (400–599) is not an exception: it comes back as an
-  :class:`UpstreamReply` with that status and an OpenAI error envelope; any other status but
+  :class:`UpstreamReply` with that status and an OpenAI error envelope (a native API's: its
+  body as it came); any other status but
   200 (1xx, 204, 205 and other 2xx, 3xx — redirects are not followed —, anything past 599) is
   an ``upstream_error`` naming the status;
 - an endpoint the adapter cannot serve (``completions`` on ``ollama`` / ``cli``,
@@ -54,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
+    "NO_NATIVE_APIS",
     "Endpoint",
     "Executor",
     "StreamBounds",
@@ -69,8 +78,14 @@ DEFAULT_REQUEST_TIMEOUT_MS: Final = 600_000
 enough for a slow local model writing a long answer, short enough that a hung upstream frees
 its slot."""
 
-Endpoint = Literal["chat/completions", "completions", "embeddings"]
-"""The OpenAI endpoint a call targets (the path under ``/v1``)."""
+Endpoint = Literal[
+    "chat/completions", "completions", "embeddings", "messages", "messages/count_tokens"
+]
+"""The endpoint a call targets (the path under ``/v1``): OpenAI's, or Anthropic Messages' for
+a provider that serves them natively (``native_apis: [messages]``)."""
+
+NO_NATIVE_APIS: Final[frozenset[str]] = frozenset()
+"""The :attr:`Executor.native_apis` of an executor that speaks OpenAI alone."""
 
 
 @dataclass(slots=True)
@@ -107,7 +122,8 @@ class UpstreamCall:
 
     endpoint: Endpoint
     body: dict[str, Any]
-    """The client's OpenAI request body, generation policy already applied. Not modified."""
+    """The client's request body (OpenAI's; Anthropic Messages' for a ``messages`` endpoint),
+    generation policy already applied. Not modified."""
     target: str
     """The upstream model name: replaces ``body["model"]`` upstream."""
     stream: bool
@@ -136,7 +152,9 @@ class UpstreamReply:
 
     ``body`` is OpenAI-format JSON: a ``chat.completion`` / ``text_completion`` object with
     ``status`` 200, else an error envelope ``{"error": {"message", "type", "param", "code"}}``
-    carrying the upstream's own status (400–599). ``detail`` says, for the edge's log only,
+    carrying the upstream's own status (400–599). For a ``messages`` endpoint it is Anthropic's:
+    a Message (``model`` the answer's) or ``{"input_tokens": N}``, else the upstream's error
+    body as it came. ``detail`` says, for the edge's log only,
     what the upstream answered (its status line and the start of its body, which the client
     does not see when it was not an OpenAI error). ``retry_after``: the seconds a 429's
     ``Retry-After`` header asked for.
@@ -156,7 +174,9 @@ class UpstreamStream:
     ``frames`` yields bytes holding one or more complete SSE frames, ``b"data: {...}\\n\\n"``
     in OpenAI chunk format (what arrived together is relayed together, as one write), ending
     with ``b"data: [DONE]\\n\\n"``; it raises :class:`~iop_edge.errors.AdapterError` on
-    a failure mid-stream. ``usage`` is filled in while the frames are consumed.
+    a failure mid-stream. ``usage`` is filled in while the frames are consumed. (A ``messages``
+    stream's frames are Anthropic's events, ``b"event: X\\ndata: {...}\\n\\n"``, ending with
+    ``message_stop``.)
 
     Always :meth:`aclose` it (or use ``async with``), whether or not the frames were consumed:
     that releases the upstream connection or kills the CLI process group.
@@ -206,12 +226,32 @@ class UpstreamStream:
 class Executor(Protocol):
     """Runs calls on one provider (or one adapter instance, for a model route)."""
 
+    @property
+    def native_apis(self) -> frozenset[str]:
+        """The APIs besides OpenAI's that the upstream serves itself and this executor relays
+        (the provider's ``native_apis``: ``{"messages"}`` takes the ``messages`` and
+        ``messages/count_tokens`` endpoints); empty for every other executor."""
+        ...
+
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """Run a non-streaming call; raise :class:`~iop_edge.errors.AdapterError` on failure."""
         ...
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
         """Start a streaming call: a stream, or the upstream's error status as a reply."""
+        ...
+
+    async def count_tokens(
+        self,
+        chat_body: dict[str, Any],
+        target: str,
+        headers: Mapping[str, str],
+        request_id: str,
+    ) -> int | None:
+        """The input tokens of a chat body (``messages`` and ``tools``) by the upstream's own
+        tokenizer for the model ``target``, sent with ``headers`` (provider auth) and
+        ``request_id`` like a call; ``None`` when this upstream cannot count (the edge then
+        estimates). Never raises but for a cancellation; takes no slot."""
         ...
 
 

@@ -11,6 +11,13 @@ text alone, so ``cat`` echoes it and an agent reads a plain request. Anything lo
 block per message, ``role: text``, separated by blank lines (``system: Be brief.\\n\\nuser:
 hi``). Content parts are reduced to their text. The prompt ends with a newline.
 
+An assistant turn's reasoning (``reasoning_content``, a thinking block of the Anthropic
+surface) is left out of the prompt, on purpose: plain text has no place for it apart from the
+answer, so written out it would read as something the assistant said — the corruption of a
+thinking block into text that the translation must never do — and the agent reasons afresh on
+every run (Anthropic's own API likewise drops earlier turns' thinking from a model's context).
+The turn's text and the rest of the conversation are rendered as usual.
+
 **Output** (stdout), by ``output_format``:
 
 - ``text`` (default): all of stdout is the answer, streamed as it arrives.
@@ -72,7 +79,13 @@ from typing import Any
 
 import orjson
 
-from iop_edge.adapters.base import UpstreamCall, UpstreamReply, UpstreamStream, Usage
+from iop_edge.adapters.base import (
+    NO_NATIVE_APIS,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+    Usage,
+)
 from iop_edge.adapters.cli_process import CliRun, CliTracker
 from iop_edge.adapters.deadlines import Deadlines, Exchange
 from iop_edge.adapters.fields import refuse_unhonoured
@@ -95,7 +108,8 @@ REQUEST_ID_ENV = "IOP_EDGE_REQUEST_ID"
 
 
 def render_prompt(messages: Sequence[Mapping[str, Any]]) -> str:
-    """The conversation as the plain text a CLI reads on stdin (see the module docstring)."""
+    """The conversation as the plain text a CLI reads on stdin (see the module docstring):
+    each message's ``content`` only, so an assistant turn's ``reasoning_content`` stays out."""
     if len(messages) == 1 and messages[0].get("role") == "user":
         return message_text(messages[0].get("content")) + "\n"
     blocks = [f"{m.get('role')}: {message_text(m.get('content'))}" for m in messages]
@@ -279,6 +293,11 @@ class CliExecutor:
         self._format = output_format
         self._deadlines = Deadlines(timeout_ms, clock)
 
+    @property
+    def native_apis(self) -> frozenset[str]:
+        """None: an agent's requests are translated to its prompt."""
+        return NO_NATIVE_APIS
+
     def _timeout(self, run: CliRun, exchange: Exchange) -> AdapterError:
         return exchange.timeout_error(
             self._label, answered=not run.silent, after="; its process group was killed"
@@ -330,6 +349,17 @@ class CliExecutor:
         run.abort()
         exchange.end()
         await run.stopped()
+
+    async def count_tokens(
+        self,
+        chat_body: dict[str, Any],
+        target: str,
+        headers: Mapping[str, str],
+        request_id: str,
+    ) -> int | None:
+        """Always ``None``: a command-line agent has no tokenizer to ask (the edge estimates,
+        as it does for a CLI's usage)."""
+        return None
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """Run the command to its end (or its answer to ``max_tokens``) and return its answer

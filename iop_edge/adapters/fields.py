@@ -10,11 +10,16 @@ types, admits the request only into the providers that honour it: see
 A field is accepted when it is absent, ``null``, or carries a value the adapter honours:
 
 - **honoured**: translated (see :mod:`iop_edge.adapters.ollama` and :mod:`iop_edge.adapters.cli`);
+  on ``ollama`` the reasoning fields become Ollama's ``think``: ``reasoning_effort`` (one of
+  :data:`THINK_LEVELS`' keys) its level, ``thinking_token_budget`` 0 ``false`` and above 0
+  ``true`` (Ollama has no budget, so a positive one is not enforced);
 - **no effect**: accepted and not forwarded, because it cannot change the answer (``user``,
   ``metadata``, ``store``, ``service_tier``, ``safety_identifier``, ``prompt_cache_key``);
-- **the edge's limits** (``cli`` only): ``max_tokens``, ``max_completion_tokens`` and
-  ``thinking_token_budget`` are accepted but not enforced — a command-line agent decides its
-  own length — because a model group's generation policy sets them on every request;
+- **the edge's limits** (``cli`` only): ``max_tokens``, ``max_completion_tokens``,
+  ``thinking_token_budget`` and ``reasoning_effort`` are accepted but not enforced — a
+  command-line agent decides its own length and effort — because a model group's generation
+  policy sets them on every request (and an Anthropic client's ``thinking`` and effort become
+  them);
 - **the default value** of a field that asks for more than one answer or for extras
   (``n: 1``, ``logprobs: false``, ``parallel_tool_calls: true``, ``tool_choice: "auto"``,
   ``modalities: ["text"]``, an empty ``logit_bias``);
@@ -33,13 +38,25 @@ from iop_edge.adapters.base import UnsupportedRequestError
 if TYPE_CHECKING:
     from iop_edge.adapters.base import UpstreamCall
 
-__all__ = ["FieldRefusal", "refusal", "refuse_unhonoured"]
+__all__ = ["THINK_LEVELS", "FieldRefusal", "refusal", "refuse_unhonoured"]
 
 #: (field, why): the first field of a request an adapter cannot honour
 FieldRefusal = tuple[str, str]
 
 _Rule = Callable[[Any], str | None]
 """None when the adapter honours the value, else why not."""
+
+THINK_LEVELS: Final[Mapping[str, bool | str]] = {
+    "none": False,
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    # (the Anthropic surface's efforts above high: Ollama's highest level)
+    "xhigh": "high",
+    "max": "high",
+}
+"""The ``reasoning_effort`` values ``ollama`` honours, each with the ``think`` it sends."""
 
 
 def _honoured(value: Any) -> str | None:
@@ -88,6 +105,12 @@ def _tool_choice(value: Any) -> str | None:
         if value in ("auto", "none")
         else 'it cannot be forced to call a tool; tool_choice must be "auto" or "none"'
     )
+
+
+def _think_level(value: Any) -> str | None:
+    if isinstance(value, str) and value in THINK_LEVELS:
+        return None
+    return f"reasoning_effort must be one of {', '.join(THINK_LEVELS)}"
 
 
 def _response_format(value: Any) -> str | None:
@@ -157,14 +180,18 @@ _OLLAMA_CHAT: Final[dict[str, _Rule]] = {
     "response_format": _response_format,
     "tool_choice": _tool_choice,
     "parallel_tool_calls": _parallel_tools,
-    # The group's generation policy may set it; Ollama has no thinking budget (only think on/off).
+    # Ollama's think: 0 turns it off, above 0 on (Ollama has no budget to enforce).
     "thinking_token_budget": _honoured,
+    "reasoning_effort": _think_level,
 }
 
 _CLI_CHAT: Final[dict[str, _Rule]] = {
     **_BASE,
     # Set by a model group's generation policy on every request: accepted, not enforced.
     **dict.fromkeys(("max_tokens", "max_completion_tokens", "thinking_token_budget"), _honoured),
+    # What an Anthropic client's effort becomes: accepted (one of Ollama's levels, so that
+    # every request cli honours, ollama honours too), not enforced — the agent decides.
+    "reasoning_effort": _think_level,
     "response_format": _text_format,
     "tool_choice": _never("it cannot call tools"),
     "tools": _never("it cannot call tools"),

@@ -19,6 +19,21 @@ Ollama option               from
 
 ``response_format`` ``json_object`` becomes ``format: "json"`` and ``json_schema`` its schema.
 
+**Reasoning.** Ollama's ``think`` (top level) is set from the chat fields, and left out when
+none is set (the model's default then applies):
+
+- ``thinking_token_budget: 0`` → ``think: false`` (a budget of nothing turns thinking off,
+  whatever else the request says);
+- else ``reasoning_effort`` → ``think: "low"`` (``minimal``, ``low``), ``"medium"`` or
+  ``"high"`` (``high``, and ``xhigh`` / ``max``, which the Anthropic surface may produce), or
+  ``think: false`` (``none``). Ollama applies the level where the model has levels (gpt-oss)
+  and takes any level as thinking on where it has only on and off;
+- else a ``thinking_token_budget`` above 0 → ``think: true``. Ollama has no budget: the model
+  thinks as long as it likes (the budget is not enforced).
+
+In the history, an assistant message's ``reasoning_content`` goes back to Ollama as the
+message's ``thinking`` (Ollama's field for a turn's reasoning), never into its ``content``.
+
 **Tools.** ``tools`` go to Ollama as they are (Ollama takes OpenAI's function-tool objects);
 ``tool_choice: "none"`` sends none. In the history, an assistant message's ``tool_calls``
 become Ollama's (``function.arguments`` parsed from its JSON string into an object; a string
@@ -48,6 +63,9 @@ floats or, with ``encoding_format: "base64"`` (what the OpenAI SDKs ask for), th
 little-endian float32 bytes.
 Upstream statuses are mapped as :mod:`iop_edge.adapters.upstream_http` describes (200 an
 answer, 400–599 Ollama's error relayed with its status, anything else ``upstream_error``).
+
+**Token counting** (``count_tokens``, for ``/v1/messages/count_tokens``): Ollama serves no
+tokenizer endpoint, so the executor answers ``None`` and the edge estimates.
 """
 
 from __future__ import annotations
@@ -60,13 +78,14 @@ from typing import Any, Final
 import orjson
 
 from iop_edge.adapters.base import (
+    NO_NATIVE_APIS,
     UnsupportedRequestError,
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
     Usage,
 )
-from iop_edge.adapters.fields import refuse_unhonoured
+from iop_edge.adapters.fields import THINK_LEVELS, refuse_unhonoured
 from iop_edge.adapters.openai_format import (
     DONE_FRAME,
     ChatChunks,
@@ -85,7 +104,7 @@ from iop_edge.adapters.upstream_http import (
     upstream_error,
 )
 
-__all__ = ["OllamaExecutor", "embed_request", "ollama_request"]
+__all__ = ["OllamaExecutor", "embed_request", "ollama_request", "ollama_think"]
 
 _PASSED_OPTIONS: Final = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
 
@@ -139,6 +158,9 @@ def _message(
         "role": "system" if role == "developer" else role,
         "content": message_text(message.get("content")),
     }
+    reasoning = message.get("reasoning_content")
+    if role == "assistant" and isinstance(reasoning, str) and reasoning:
+        converted["thinking"] = reasoning
     calls = message.get("tool_calls")
     if calls:
         converted["tool_calls"] = _tool_calls(calls, index, names)
@@ -162,6 +184,21 @@ def _message(
         if images:
             converted["images"] = images
     return converted
+
+
+def ollama_think(body: Mapping[str, Any]) -> bool | str | None:
+    """Ollama's ``think`` for a chat body (``None``: leave it out); see the module docstring.
+    Assumes the body passed :func:`~iop_edge.adapters.fields.refuse_unhonoured`."""
+    given = body.get("thinking_token_budget")
+    budget = given if isinstance(given, int) and not isinstance(given, bool) else None
+    if budget == 0:
+        return False
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        return THINK_LEVELS[effort]
+    if budget is not None and budget > 0:
+        return True
+    return None
 
 
 def ollama_request(call: UpstreamCall, context_size: int | None, label: str) -> dict[str, Any]:
@@ -192,6 +229,9 @@ def ollama_request(call: UpstreamCall, context_size: int | None, label: str) -> 
         "stream": call.stream,
         "options": options,
     }
+    think = ollama_think(body)
+    if think is not None:
+        request["think"] = think
     tools = body.get("tools")
     if tools and body.get("tool_choice") != "none":
         request["tools"] = tools
@@ -301,6 +341,22 @@ class OllamaExecutor:
         self._backend = backend
         self._target = target
         self._context_size = context_size
+
+    async def count_tokens(
+        self,
+        chat_body: dict[str, Any],
+        target: str,
+        headers: Mapping[str, str],
+        request_id: str,
+    ) -> int | None:
+        """Always ``None``: Ollama serves no tokenizer endpoint (no ``/tokenize``; its
+        ``prompt_eval_count`` comes only with an answer), so the edge estimates."""
+        return None
+
+    @property
+    def native_apis(self) -> frozenset[str]:
+        """None: Ollama's requests are translated to its own API."""
+        return NO_NATIVE_APIS
 
     def _prepare(self, call: UpstreamCall) -> tuple[str, bytes]:
         request = ollama_request(call, self._context_size, self._target.label)

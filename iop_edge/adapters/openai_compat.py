@@ -23,29 +23,41 @@
   usage is read from it. Streaming: SSE events are relayed one by one as they arrive, each as
   ``data: <payload>\\n\\n`` (comments and ``event:``/``id:`` fields are dropped), until
   ``data: [DONE]``; a stream that ends without it is a failure.
+- ``native_apis`` (``messages``): Anthropic Messages calls are passed through too, to
+  ``{base_url}/messages`` — :mod:`iop_edge.adapters.anthropic_native` has their rules.
 - An upstream error status (400–599) is returned as an :class:`UpstreamReply` with that
   status: an OpenAI envelope passes through unchanged; any other body stays in the log and the
   client gets an envelope naming the provider. Any other status but 200 (1xx, 2xx other than
   200, 3xx, past 599) is an ``upstream_error``. An error event inside a stream
   (``data: {"error": ...}``) is raised as ``upstream_error`` instead of being relayed, so the
   caller renders every mid-stream failure the same way.
+- :meth:`~OpenAICompatExecutor.count_tokens` asks the upstream's own tokenizer (vLLM's or
+  llama.cpp's, detected once): :mod:`iop_edge.adapters.tokenize`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
 
+from iop_edge.adapters.anthropic_native import (
+    MESSAGES_ENDPOINTS,
+    complete_messages,
+    open_messages_stream,
+)
 from iop_edge.adapters.base import (
+    NO_NATIVE_APIS,
     Endpoint,
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
     Usage,
 )
-from iop_edge.adapters.openai_format import DONE_FRAME, dumps, read_usage
+from iop_edge.adapters.openai_format import DONE_FRAME, MODEL_KEY, dumps, read_usage, with_model
 from iop_edge.adapters.relay import relay_lines
+from iop_edge.adapters.tokenize import UpstreamTokenizer
 from iop_edge.adapters.upstream_http import (
     HttpBackend,
     HttpTarget,
@@ -60,40 +72,45 @@ from iop_edge.errors import AdapterError
 __all__ = ["OpenAICompatExecutor"]
 
 _USAGE_NULL: Final = b',"usage":null'
-_MODEL_KEY: Final = b'"model":'
 _RUN_BREAKERS: Final = (b'"usage":{', b'"error"', b"[DONE]")
 """What ends a run of events relayed as a whole (see ``_SseEvents.translate_read``)."""
-
-
-def with_model(raw: bytes, parsed: dict[str, Any], model: str) -> bytes:
-    """``raw`` (the JSON of ``parsed``) with its top-level ``model`` set to ``model``.
-
-    The upstream's ``"model":"<name>"`` is replaced in the bytes when the compact form occurs
-    exactly once (a ``"model":`` inside a string would be escaped, so a single occurrence is the
-    key); otherwise ``parsed`` is re-encoded. Nothing is done when the name already matches.
-    """
-    current = parsed.get("model")
-    if current == model:
-        return raw
-    if isinstance(current, str):
-        needle = _MODEL_KEY + orjson.dumps(current)
-        at = raw.find(needle)
-        if at >= 0 and raw.find(needle, at + 1) < 0:
-            return raw[:at] + _MODEL_KEY + orjson.dumps(model) + raw[at + len(needle) :]
-    parsed["model"] = model
-    return dumps(parsed)
 
 
 class OpenAICompatExecutor:
     """Passes calls through to one OpenAI-compatible upstream (see the module docstring)."""
 
-    def __init__(self, backend: HttpBackend, target: HttpTarget, endpoint: str | None) -> None:
+    def __init__(
+        self,
+        backend: HttpBackend,
+        target: HttpTarget,
+        endpoint: str | None,
+        native_apis: frozenset[str] = NO_NATIVE_APIS,
+    ) -> None:
         self._backend = backend
         self._target = target
+        self._native_apis = native_apis
         self._chat_url: str | None = None
         if endpoint is not None and endpoint.startswith(("http://", "https://")):
             self._chat_url = endpoint.rstrip("/")
         self._chat_path = endpoint or "chat/completions"
+        self._tokenizer = UpstreamTokenizer(backend, target)
+
+    async def count_tokens(
+        self,
+        chat_body: dict[str, Any],
+        target: str,
+        headers: Mapping[str, str],
+        request_id: str,
+    ) -> int | None:
+        """The input tokens of ``chat_body`` by the upstream's tokenizer, with the chat
+        template applied; ``None`` when it serves no tokenizer the edge knows or fails (never
+        raises): see :mod:`iop_edge.adapters.tokenize`."""
+        return await self._tokenizer.count(chat_body, target, headers, request_id)
+
+    @property
+    def native_apis(self) -> frozenset[str]:
+        """The provider's ``native_apis`` (``{"messages"}``: Messages calls pass through)."""
+        return self._native_apis
 
     def _url(self, endpoint: Endpoint) -> str:
         if endpoint != "chat/completions":
@@ -123,6 +140,8 @@ class OpenAICompatExecutor:
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         """POST the call and return the upstream's JSON body as is, with its usage."""
+        if call.endpoint in MESSAGES_ENDPOINTS:
+            return await complete_messages(self._backend, self._target, call, self._native_apis)
         url = self._url(call.endpoint)
         payload, _ = self._payload(call)
         got = await post_for_body(
@@ -142,6 +161,8 @@ class OpenAICompatExecutor:
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream | UpstreamReply:
         """POST the call; once the upstream answers 200, relay its SSE events as frames."""
+        if call.endpoint in MESSAGES_ENDPOINTS:
+            return await open_messages_stream(self._backend, self._target, call, self._native_apis)
         url = self._url(call.endpoint)
         payload, hide_usage = self._payload(call)
         opened = await post_for_stream(
@@ -207,7 +228,7 @@ class _SseEvents:
         self.done = False
         #: the answer's model and its compact JSON pair
         self._model = model
-        self._model_value = _MODEL_KEY + orjson.dumps(model)
+        self._model_value = MODEL_KEY + orjson.dumps(model)
         #: how the upstream names its model in an event (its compact pair, or b"" for not at
         #: all), learnt from the first event parsed; None until then
         self._fast: bytes | None = None
@@ -285,11 +306,11 @@ class _SseEvents:
                 run = run.replace(_USAGE_NULL, b"")
         fast = self._fast
         if fast:
-            if run.count(_MODEL_KEY) != events or run.count(fast) != events:
+            if run.count(MODEL_KEY) != events or run.count(fast) != events:
                 return None
             if fast != self._model_value:
                 run = run.replace(fast, self._model_value)
-        elif _MODEL_KEY in run:
+        elif MODEL_KEY in run:
             return None
         return run
 
@@ -318,7 +339,7 @@ class _SseEvents:
             model = self._model_value
             if fast != model:
                 event = event[:at] + model + event[at + len(fast) :]
-        elif _MODEL_KEY in event:
+        elif MODEL_KEY in event:
             return self._parse(event)
         return b"data: " + event + b"\n\n"
 
@@ -346,7 +367,7 @@ class _SseEvents:
         if current is None:
             self._fast = b""
         elif isinstance(current, str):
-            self._fast = _MODEL_KEY + orjson.dumps(current)
+            self._fast = MODEL_KEY + orjson.dumps(current)
         if current is not None:
             event = with_model(event, chunk, self._model)
         return b"data: " + event + b"\n\n"

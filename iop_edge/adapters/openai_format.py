@@ -25,6 +25,7 @@ from iop_edge.adapters.base import UnsupportedRequestError, UpstreamCall, Usage
 
 __all__ = [
     "DONE_FRAME",
+    "MODEL_KEY",
     "ChatChunks",
     "chat_completion",
     "dumps",
@@ -33,9 +34,12 @@ __all__ = [
     "read_usage",
     "require_chat",
     "usage_object",
+    "with_model",
 ]
 
 DONE_FRAME: Final = b"data: [DONE]\n\n"
+MODEL_KEY: Final = b'"model":'
+"""How a compact JSON object names its ``model`` key (what :func:`with_model` looks for)."""
 _OPEN_CHOICE_TAIL: Final = b',"logprobs":null,"finish_reason":null}]}\n\n'
 
 
@@ -127,10 +131,12 @@ def require_chat(call: UpstreamCall, label: str) -> list[Mapping[str, Any]]:
     message objects.
     """
     if call.endpoint != "chat/completions":
-        needs = "openai_compat" if call.endpoint == "completions" else "openai_compat or ollama"
+        needs = {
+            "completions": "an openai_compat provider",
+            "embeddings": "an openai_compat or ollama provider",
+        }.get(call.endpoint, "translating to chat, or an openai_compat provider with native_apis")
         raise UnsupportedRequestError(
-            f"{label} serves only /v1/chat/completions; /v1/{call.endpoint} needs an "
-            f"{needs} provider"
+            f"{label} serves only /v1/chat/completions; /v1/{call.endpoint} needs {needs}"
         )
     messages = call.body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
@@ -233,3 +239,22 @@ class ChatChunks:
             "usage": usage_object(usage),
         }
         return b"data: " + orjson.dumps(frame) + b"\n\n"
+
+
+def with_model(raw: bytes, parsed: dict[str, Any], model: str) -> bytes:
+    """``raw`` (the JSON of ``parsed``) with its top-level ``model`` set to ``model``.
+
+    The upstream's ``"model":"<name>"`` is replaced in the bytes when the compact form occurs
+    exactly once (a ``"model":`` inside a string would be escaped, so a single occurrence is the
+    key); otherwise ``parsed`` is re-encoded. Nothing is done when the name already matches.
+    """
+    current = parsed.get("model")
+    if current == model:
+        return raw
+    if isinstance(current, str):
+        needle = MODEL_KEY + orjson.dumps(current)
+        at = raw.find(needle)
+        if at >= 0 and raw.find(needle, at + 1) < 0:
+            return raw[:at] + MODEL_KEY + orjson.dumps(model) + raw[at + len(needle) :]
+    parsed["model"] = model
+    return dumps(parsed)

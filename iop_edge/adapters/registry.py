@@ -72,7 +72,9 @@ def build_executor(
     target = http_target(kind, execution, label, clock)
     if kind == "ollama":
         return OllamaExecutor(backend, target, execution.context_size)
-    return OpenAICompatExecutor(backend, target, execution.endpoint)
+    return OpenAICompatExecutor(
+        backend, target, execution.endpoint, frozenset(execution.native_apis or ())
+    )
 
 
 def http_target(

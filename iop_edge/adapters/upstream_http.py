@@ -14,7 +14,9 @@
 
 Statuses: 200 is an answer; 400–599 is the upstream's own error, relayed with its status in
 an OpenAI envelope (an upstream's OpenAI envelope as is; any other body — an HTML page from a
-proxy — stays in the log, the client gets a sentence naming the provider); anything else (1xx,
+proxy — stays in the log, the client gets a sentence naming the provider), or with
+``raw_errors`` (a native API's passthrough) with its body as it came, for the adapter to judge
+(:func:`raw_error_reply`); anything else (1xx,
 204, 205 and other 2xx, 3xx — redirects are never followed —, a status past 599) is an
 ``upstream_error`` (502) whose message, for the log, names what came back.
 
@@ -59,6 +61,7 @@ __all__ = [
     "exchange_failure",
     "not_an_answer",
     "probe",
+    "raw_error_reply",
     "read_capped",
     "redact_url",
     "static_headers",
@@ -353,12 +356,35 @@ def _excerpt(text: str) -> str:
     return flat if len(flat) <= _MAX_ERROR_DETAIL else flat[: _MAX_ERROR_DETAIL - 3] + "..."
 
 
+async def raw_error_reply(response: aiohttp.ClientResponse) -> UpstreamReply:
+    """The upstream's error status (400–599) as an :class:`UpstreamReply` whose body is the
+    upstream's as it came (its first 64 KiB), with a ``detail`` for the log (the ``message``
+    of a JSON error object, else the start of the body) and ``retry_after`` as for
+    :func:`error_reply`. What the client may see of a body that is not the API's error is the
+    adapter's call."""
+    status, reason = response.status, response.reason or ""
+    retry_after = parse_retry_after(response.headers.get("Retry-After")) if status == 429 else None
+    raw = await read_capped_prefix(response, _MAX_ERROR_BODY)
+    said = raw.decode("utf-8", errors="replace")
+    with contextlib.suppress(orjson.JSONDecodeError):
+        parsed = orjson.loads(raw)
+        error = parsed.get("error") if isinstance(parsed, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            said = error["message"]
+    answered = f"{status} {reason}".rstrip()
+    detail = f"the upstream answered {answered}: {_excerpt(said) or '(empty body)'}"
+    return UpstreamReply(status, raw, Usage(), detail, retry_after)
+
+
 async def not_an_answer(
-    target: HttpTarget, url: str, response: aiohttp.ClientResponse
+    target: HttpTarget, url: str, response: aiohttp.ClientResponse, *, raw_errors: bool = False
 ) -> UpstreamReply:
     """A status other than 200: the upstream's own error (400–599) as an
-    :class:`UpstreamReply`; anything else raises ``upstream_error`` naming the status."""
+    :class:`UpstreamReply` (its body as it came with ``raw_errors``, else in the OpenAI
+    envelope); anything else raises ``upstream_error`` naming the status."""
     if 400 <= response.status <= 599:
+        if raw_errors:
+            return await raw_error_reply(response)
         return await error_reply(response, target.label)
     reason = _excerpt(response.reason or "")[:80]
     raise target.broken(
@@ -442,10 +468,13 @@ async def post_for_body(
     payload: bytes,
     extra: Mapping[str, str],
     request_id: str = "",
+    *,
+    raw_errors: bool = False,
 ) -> bytes | UpstreamReply:
     """POST ``payload`` and read the whole body of a 200; an upstream error status (400–599)
-    comes back as an :class:`UpstreamReply` in the OpenAI envelope. Failures — any other
-    status included — raise the mapped AdapterError. One :class:`Exchange` bounds it all.
+    comes back as an :class:`UpstreamReply` in the OpenAI envelope (as it came, with
+    ``raw_errors``). Failures — any other status included — raise the mapped AdapterError.
+    One :class:`Exchange` bounds it all.
 
     Whatever happens the response is let go: a body read to the end goes back to the pool,
     anything else (a cancelled caller, a timeout) aborts the connection, so the upstream sees
@@ -457,7 +486,7 @@ async def post_for_body(
     try:
         response = exchange.response = await _send(backend, target, url, payload, extra, request_id)
         if response.status != 200:
-            reply = await not_an_answer(target, url, response)
+            reply = await not_an_answer(target, url, response, raw_errors=raw_errors)
             finished = True
             return reply
         raw = await read_capped(response)
@@ -492,17 +521,20 @@ async def post_for_stream(
     extra: Mapping[str, str],
     request_id: str = "",
     bounds: StreamBounds | None = None,
+    *,
+    raw_errors: bool = False,
 ) -> tuple[aiohttp.ClientResponse, Exchange] | UpstreamReply:
     """POST ``payload`` for a streamed answer: the open 200 response (the caller reads it
     through :func:`relay_lines`, which ends the exchange) with its :class:`Exchange` (under
     the call's stream ``bounds`` too), or the upstream's error status (400–599) as an
-    :class:`UpstreamReply`; any other status raises ``upstream_error``."""
+    :class:`UpstreamReply` (its body as it came with ``raw_errors``); any other status
+    raises ``upstream_error``."""
     exchange = target.deadlines.start(bounds)
     response: aiohttp.ClientResponse | None = None
     try:
         response = exchange.response = await _send(backend, target, url, payload, extra, request_id)
         if response.status != 200:
-            reply = await not_an_answer(target, url, response)
+            reply = await not_an_answer(target, url, response, raw_errors=raw_errors)
             response.release()
             exchange.end()
             return reply

@@ -5,7 +5,7 @@ An attempt that fails before the client got a byte (a connect error, a timeout b
 response head or, streamed, before the first frame; HTTP 429/500/502/503/504; a CLI that could
 not start or exited before any output) comes back as :class:`Failed`, for the request path to
 fail over (:mod:`iop_edge.api.request_path`). One that fails after the stream started is sent
-as the stream's last write (:meth:`~iop_edge.api.surface.Surface.render_stream_error`). With a
+as the stream's last write (:meth:`~iop_edge.api.surface.Renderer.render_stream_error`). With a
 lease, the provider's health hears of every outcome.
 """
 
@@ -20,14 +20,15 @@ from aiohttp import web
 from iop_edge.adapters.base import Executor, UpstreamCall, UpstreamReply, UpstreamStream
 from iop_edge.admission import Lease
 from iop_edge.api.errors import client_message
+from iop_edge.api.keepalive import Keepalive
 from iop_edge.api.record import RequestRecord
-from iop_edge.api.surface import Surface
+from iop_edge.api.surface import Renderer
 from iop_edge.errors import AdapterError
 from iop_edge.pool import Failure
 from iop_edge.runtime.listeners import ConnectionGuard
 from iop_edge.seams import Clock
 
-__all__ = ["Failed", "execute", "failure_code", "reply"]
+__all__ = ["Failed", "execute", "failure_code", "final_reply", "reply"]
 
 _JSON: Final = "application/json"
 #: Upstream statuses that fail over to another provider (and count toward its ejection, but
@@ -49,20 +50,23 @@ class Failed:
 async def execute(
     request: web.Request,
     record: RequestRecord,
-    surface: Surface,
+    renderer: Renderer,
     executor: Executor,
     call: UpstreamCall,
     clock: Clock,
     lease: Lease | None = None,
+    keepalive: Keepalive | None = None,
 ) -> web.StreamResponse | Failed:
-    """One attempt. With a ``lease`` (a ``models[]`` group), a failure before the client's
-    first byte comes back as :class:`Failed` and every outcome is told to the lease;
-    without (a model route), failures are answered as they are."""
+    """One attempt, its answers written by ``renderer``. With a ``lease`` (a ``models[]``
+    group), a failure before the client's first byte comes back as :class:`Failed` and every
+    outcome is told to the lease; without (a model route), failures are answered as they are.
+    With a ``keepalive`` (a streamed request that may have sent its head while it waited),
+    the answer goes to the keep-alive's response once it has one."""
     record.attempts += 1
     record.attempt_started = clock.now()
     try:
         if not call.stream:
-            return _answer(record, surface, await executor.complete(call), lease, clock)
+            return _answer(record, renderer, await executor.complete(call), lease, clock)
         opened = await executor.open_stream(call)
         # The first frame comes before the response head: a stream that fails before it
         # (first_token_timeout_ms) has sent the client nothing, and may fail over.
@@ -75,13 +79,16 @@ async def execute(
             lease.failed(failure)
         raise
     if isinstance(opened, UpstreamReply):
-        return _answer(record, surface, opened, lease, clock)
-    return await _relay(request, record, surface, opened, first, lease, clock)
+        answered = _answer(record, renderer, opened, lease, clock)
+        if keepalive is None or isinstance(answered, Failed):
+            return answered
+        return await final_reply(record, renderer, opened, clock, keepalive)
+    return await _relay(request, record, renderer, opened, first, lease, clock, keepalive)
 
 
 def _answer(
     record: RequestRecord,
-    surface: Surface,
+    renderer: Renderer,
     upstream: UpstreamReply,
     lease: Lease | None,
     clock: Clock,
@@ -96,11 +103,30 @@ def _answer(
             )
             return Failed(failure, upstream)
         lease.succeeded()
-    return reply(record, surface, upstream, clock)
+    return reply(record, renderer, upstream, clock)
+
+
+async def final_reply(
+    record: RequestRecord,
+    renderer: Renderer,
+    upstream: UpstreamReply,
+    clock: Clock,
+    keepalive: Keepalive | None,
+) -> web.StreamResponse:
+    """The client's answer to an upstream's reply that ends the request (:func:`reply`); when
+    a keep-alive has sent the stream's head, the reply's error as the stream's last event."""
+    answer = reply(record, renderer, upstream, clock)
+    response = await keepalive.settle() if keepalive is not None else None
+    if response is None:
+        return answer
+    record.status = 200  # (the head that went out said so; the code says what happened)
+    await response.write(renderer.render_stream_reply(upstream))
+    await response.write_eof()
+    return response
 
 
 def reply(
-    record: RequestRecord, surface: Surface, upstream: UpstreamReply, clock: Clock
+    record: RequestRecord, renderer: Renderer, upstream: UpstreamReply, clock: Clock
 ) -> web.Response:
     """The client's answer to a non-streamed reply (or an upstream's error status)."""
     record.status, record.usage = upstream.status, upstream.usage
@@ -118,7 +144,7 @@ def reply(
         # The upstream's 429 reaches the client with its Retry-After (whole seconds).
         headers["Retry-After"] = str(math.ceil(upstream.retry_after))
     return web.Response(
-        body=surface.render_reply(upstream),
+        body=renderer.render_reply(upstream),
         status=upstream.status,
         content_type=_JSON,
         headers=headers,
@@ -128,11 +154,12 @@ def reply(
 async def _relay(
     request: web.Request,
     record: RequestRecord,
-    surface: Surface,
+    renderer: Renderer,
     stream: UpstreamStream,
     first: bytes,
     lease: Lease | None,
     clock: Clock,
+    keepalive: Keepalive | None,
 ) -> web.StreamResponse:
     # A client that stops reading would hold the slot forever, the handler waiting in
     # write(). The connection's guard cancels this task when the client has taken no data
@@ -141,7 +168,8 @@ async def _relay(
     guard = ConnectionGuard.of(request)
     stalled: str | None = None
     async with stream:
-        response = web.StreamResponse(
+        committed = await keepalive.settle() if keepalive is not None else None
+        response = committed or web.StreamResponse(
             status=200,
             headers={
                 **_ids(record),
@@ -152,11 +180,12 @@ async def _relay(
         if guard is not None:
             guard.watch(asyncio.current_task())
         try:
-            await response.prepare(request)
+            if committed is None:
+                await response.prepare(request)
             record.status = 200
             try:
                 record.time_to_first_token = clock.now() - record.started
-                first, frames = surface.render_stream(first, stream.frames)
+                first, frames = renderer.render_stream(first, stream.frames)
                 if first:
                     await response.write(first)
                 async for frame in frames:
@@ -170,8 +199,11 @@ async def _relay(
                     lease.failed(Failure(exc.failure, str(exc)))
                 record.code, record.error = exc.code, str(exc)
                 record.upstream_failure = exc.code
-                message = client_message(exc, record.provider)
-                await response.write(surface.render_stream_error(message, exc.code, exc.status))
+                if not exc.error_relayed:  # (else the upstream's own error event was the last)
+                    message = client_message(exc, record.provider)
+                    await response.write(
+                        renderer.render_stream_error(message, exc.code, exc.status)
+                    )
             await response.write_eof()
         except ConnectionResetError:
             # The client left (before or during the stream): nothing more can be sent.

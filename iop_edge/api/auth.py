@@ -1,5 +1,5 @@
-"""Who is calling: bearer token → SHA-256 → principal; the admin token; and the provider
-credential to forward.
+"""Who is calling: bearer token (or ``x-api-key``) → SHA-256 → principal; the admin token; and
+the provider credential to forward.
 
 Raw tokens exist only in the request being served: never logged, stored, labelled or forwarded,
 and never quoted in an error message. A credential is printable ASCII (what ``iop-edge token
@@ -25,6 +25,11 @@ _BEARER: Final = "bearer "
 _HTTP_SPACE: Final = " \t"
 #: Where the CLI reads the admin token from (named in error messages).
 ADMIN_TOKEN_ENV: Final = "IOP_EDGE_ADMIN_TOKEN"
+#: The header Anthropic's clients send their key in (``ANTHROPIC_API_KEY``).
+API_KEY_HEADER: Final = "x-api-key"
+_MISSING_TOKEN: Final = (
+    "Missing API key: send 'Authorization: Bearer <token>' or 'x-api-key: <token>'."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +70,23 @@ def bearer_digest(authorization: str | None, code: AuthCode, missing: str) -> by
     return hashlib.sha256(token.encode("ascii")).digest()
 
 
+def api_key_digest(value: str) -> bytes:
+    """The SHA-256 of the token in an ``x-api-key`` header value (non-empty after HTTP
+    whitespace is stripped); a token that is not printable ASCII is refused, never quoted."""
+    token = value.strip(_HTTP_SPACE)
+    if not printable_ascii(token):
+        raise AuthError(
+            "invalid_api_key",
+            "The x-api-key header is malformed: it holds a character that is not printable "
+            "ASCII (a pasted non-breaking space or line break?). Send the token exactly as "
+            "issued.",
+        )
+    return hashlib.sha256(token.encode("ascii")).digest()
+
+
 class Authenticator:
-    """Maps ``Authorization: Bearer <token>`` to a :class:`Principal`.
+    """Maps ``Authorization: Bearer <token>`` (or ``x-api-key: <token>``, see
+    :meth:`authenticate_headers`) to a :class:`Principal`.
 
     The token is hashed with SHA-256. Stored digests are indexed by their first 16 bytes — a
     lookup whose timing depends only on a hash output the caller cannot steer — and the full
@@ -100,6 +120,37 @@ class Authenticator:
             "invalid_api_key",
             "Missing bearer token: send 'Authorization: Bearer <token>'.",
         )
+        return self._principal(digest)
+
+    def authenticate_headers(self, headers: Mapping[str, str]) -> Principal:
+        """The principal of a request's headers: the token of ``Authorization: Bearer <token>``
+        or of ``x-api-key: <token>`` (what Anthropic's clients send; an empty one counts as
+        absent). With both, they must hold the same token: two different credentials are
+        refused (401 ``invalid_api_key`` naming both headers, never quoting either) rather
+        than one silently chosen."""
+        if not self._by_prefix:
+            return ANONYMOUS
+        authorization = headers.get("Authorization")
+        api_key = headers.get(API_KEY_HEADER, "")
+        if not api_key.strip(_HTTP_SPACE):
+            return self._principal(bearer_digest(authorization, "invalid_api_key", _MISSING_TOKEN))
+        digest = api_key_digest(api_key)
+        if authorization is not None:
+            bearer = bearer_digest(
+                authorization,
+                "invalid_api_key",
+                "The Authorization header holds no bearer token and x-api-key is set: send "
+                "the token in x-api-key alone, or as 'Authorization: Bearer <token>'.",
+            )
+            if not hmac.compare_digest(bearer, digest):
+                raise AuthError(
+                    "invalid_api_key",
+                    "The Authorization and x-api-key headers hold different tokens: send the "
+                    "token in one of them (or the same token in both).",
+                )
+        return self._principal(digest)
+
+    def _principal(self, digest: bytes) -> Principal:
         for stored, principal in self._by_prefix.get(digest[:16], ()):
             if hmac.compare_digest(stored, digest):
                 return principal

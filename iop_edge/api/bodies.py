@@ -4,10 +4,13 @@ generation policy.
 Pure functions of the body and the catalog entry; the request path calls them before admission,
 on the body a surface parsed (the OpenAI surface's checks: :func:`iop_edge.api.chat.parse_body`).
 
-**Token estimate.** The input of a request is estimated as ``ceil(B / 4) + I + 3 × M`` tokens,
-where ``B`` is the number of UTF-8 bytes of its text — message contents (strings and ``text``
-parts), names, tool-call arguments and legacy ``function_call`` arguments, and the JSON of
-``tools`` — ``I`` the number of token ids it sends as such, and ``M`` the number of messages.
+**Token estimate.** The input of a chat request is estimated as ``ceil(B / 4) + 3 × M + 1600 ×
+G`` tokens, where ``B`` is the number of UTF-8 bytes of its text — message contents (strings
+and ``text`` parts), names, reasoning sent back (``reasoning_content``), tool-call arguments
+and legacy ``function_call`` arguments, and the JSON of ``tools`` — ``M`` the number of
+messages and ``G`` of images (each counted at the largest size an upstream takes): one formula
+for every surface, :func:`iop_edge.translate.count_tokens.estimate_chat_tokens`. A
+completions prompt counts ``ceil(B / 4) + I``, ``I`` the number of token ids it sends as such.
 For ``/v1/completions`` the text is the prompt's strings and every token id of a token-id
 prompt (``[1, 2, 3]``, or ``[[1, 2], [3]]`` for a batch) counts as one token; ``M`` = 0. It
 costs one pass over the text, is monotone in text length, and lands near real tokenizers: about
@@ -20,17 +23,15 @@ string, strings, token ids or token-id lists, counted as for a completions promp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-import orjson
-
+from iop_edge.adapters.base import Endpoint
 from iop_edge.api.catalog import ModelEntry
 from iop_edge.errors import RequestError
+from iop_edge.translate.count_tokens import estimate_chat_tokens
 
-Endpoint = Literal["chat/completions", "completions", "embeddings"]
 MAX_TOKEN_FIELDS: Final = ("max_completion_tokens", "max_tokens")
 THINKING_FIELD: Final = "thinking_token_budget"
-PER_MESSAGE_TOKENS: Final = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,23 +83,7 @@ def estimate_input_tokens(body: dict[str, Any], endpoint: Endpoint) -> int:
     """The documented estimate of a request's input tokens (see the module docstring)."""
     if endpoint != "chat/completions":
         return _prompt_tokens(body.get("prompt" if endpoint == "completions" else "input"))
-    total = 0
-    messages = body["messages"]
-    for message in messages:
-        total += _text_bytes(message.get("content")) + _text_bytes(message.get("name"))
-        for call in message.get("tool_calls") or ():
-            if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                total += _text_bytes(call["function"].get("arguments"))
-        legacy = message.get("function_call")
-        if isinstance(legacy, dict):
-            total += _text_bytes(legacy.get("arguments"))
-    tools = body.get("tools")
-    if tools:
-        try:
-            total += len(orjson.dumps(tools))
-        except orjson.JSONEncodeError:
-            raise _bad("'tools' is nested too deeply (more than 254 levels).", "tools") from None
-    return -(-total // 4) + PER_MESSAGE_TOKENS * len(messages)
+    return estimate_chat_tokens(body)
 
 
 def apply_generation_policy(body: dict[str, Any], model: ModelEntry) -> int | None:

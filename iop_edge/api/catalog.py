@@ -4,14 +4,19 @@ A refresh builds a new :class:`Catalog` and swaps it in together with the schedu
 policy, in one step of the event loop, so no request sees half a config. Pure: built from an
 effective config, no I/O.
 
-``GET /v1/models`` lists the model groups with at least one enabled provider, and every model
-route. A model's ``created`` is the Unix time this process first loaded its id (the caller
-keeps those times across refreshes, see :func:`build_catalog`): stable across reloads, and a
-model a refresh adds is newer than the ones loaded at start, as a client sorting by
-``created`` expects.
+``GET /v1/models`` lists the model groups with at least one enabled provider, each followed by
+its aliases (``models[].aliases``, entries of their own), and every model route; in OpenAI's
+shape, or in Anthropic's (:meth:`Catalog.anthropic_page`, paginated as Anthropic's is). A
+model's ``created`` is the Unix time this process first loaded its id (the caller keeps those
+times across refreshes, see :func:`build_catalog`): stable across reloads, and a model a
+refresh adds is newer than the ones loaded at start, as a client sorting by ``created``
+expects.
 
-A request's model resolves here too: :func:`admission_group` (the providers of the model that
-serve the request) and :func:`model_not_found`.
+A request's model resolves here too: an alias is another name of its group, so
+:attr:`Catalog.models` maps it to the group's own entry (whose ``id`` is the group id: one
+scheduler group, one set of providers), and a principal's allow-list that names any name of a
+group admits all of them (:meth:`Catalog.permits`); :func:`admission_group` (the providers of
+the model that serve the request) and :func:`model_not_found`.
 """
 
 from __future__ import annotations
@@ -20,10 +25,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-import orjson
-
 from iop_edge.adapters.base import Endpoint, StreamBounds
 from iop_edge.adapters.fields import refusal
+from iop_edge.api.model_list import (
+    ANTHROPIC_DEFAULT_LIMIT,
+    ListedModel,
+    anthropic_list_body,
+    listed_model,
+    openai_list_body,
+)
 from iop_edge.config.policy import (
     EMBEDDING_TYPES,
     capable_group,
@@ -54,6 +64,8 @@ class ModelEntry:
     kinds: frozenset[str] = frozenset({"openai_compat"})
     #: True when a provider is not ``openai_compat``: its requests' fields are checked
     normalized: bool = False
+    #: the group's other names (``models[].aliases``), each resolving to this entry
+    aliases: tuple[str, ...] = ()
 
     @classmethod
     def from_group(cls, group: ModelGroup, types: Mapping[str, str]) -> ModelEntry:
@@ -72,6 +84,7 @@ class ModelEntry:
             serves_embeddings=not kinds.isdisjoint(EMBEDDING_TYPES),
             kinds=kinds,
             normalized=kinds != {"openai_compat"},
+            aliases=group.aliases,
         )
 
 
@@ -89,20 +102,26 @@ class RouteEntry:
 class Catalog:
     """Everything the request path reads from the config, resolved once."""
 
+    #: every model id and alias → its group's entry (an alias's ``entry.id`` is the group id)
     models: Mapping[str, ModelEntry]
     routes: Mapping[str, RouteEntry]
     long_context_threshold_tokens: int
     #: provider id → node id (every provider, enabled or not)
     provider_nodes: Mapping[str, str]
-    #: the listed model and route ids → their ``created`` (Unix time first loaded)
+    #: the listed model ids, aliases and route ids → their ``created`` (Unix time first loaded)
     listed: Mapping[str, int]
     models_body: bytes = field(repr=False)
     #: ``provider_pool.fair_share``: whose share a request counts in (see :meth:`share_of`)
     fair_share: str = "principal"
-    #: principal (or token) ref → the model and route ids it may use; absent: all
+    #: principal (or token) ref → the model ids, aliases and route ids it may use (every name
+    #: of a group its allow-list names by any of them); absent: all
     allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
     #: the ``/v1/models`` body of each ref with an allow-list
     allowed_bodies: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    #: what ``GET /v1/models`` lists, in order: every listed entry, and those of each ref
+    #: with an allow-list
+    listing: tuple[ListedModel, ...] = ()
+    allowed_listings: Mapping[str, tuple[ListedModel, ...]] = field(default_factory=dict)
     #: provider id → its stream bounds (live), for the providers that set one
     stream_bounds: Mapping[str, StreamBounds] = field(default_factory=dict)
 
@@ -112,7 +131,8 @@ class Catalog:
         return token_ref if self.fair_share == "token" else principal_ref
 
     def permits(self, ref: str, model_id: str) -> bool:
-        """Whether ``ref`` may use ``model_id`` (its allow-list names it, or it has none)."""
+        """Whether ``ref`` may use ``model_id`` (its allow-list names it — or another name of
+        its group — or it has none)."""
         allowed = self.allowed.get(ref)
         return allowed is None or model_id in allowed
 
@@ -120,15 +140,29 @@ class Catalog:
         """The ``GET /v1/models`` body ``ref`` sees: only what it may use."""
         return self.allowed_bodies.get(ref, self.models_body)
 
-    def model_body(self, model_id: str) -> bytes | None:
-        """The ``GET /v1/models/{id}`` body, or None for an id that is not listed (unknown, or
-        a group without an enabled provider)."""
-        created = self.listed.get(model_id)
-        if created is None:
+    def model_body(self, model_id: str, *, anthropic: bool = False) -> bytes | None:
+        """The ``GET /v1/models/{id}`` body (OpenAI's model object, or Anthropic's
+        ``ModelInfo``), or None for an id that is not listed (unknown, or a group without an
+        enabled provider). An alias is listed under its own id."""
+        if model_id not in self.listed:
             return None
-        model = self.models.get(model_id)
-        display = model.display_name if model else None
-        return orjson.dumps(_model_object(model_id, display, created))
+        found = next(entry for entry in self.listing if entry.id == model_id)
+        return found.anthropic if anthropic else found.openai
+
+    def anthropic_page(
+        self,
+        ref: str,
+        *,
+        limit: int = ANTHROPIC_DEFAULT_LIMIT,
+        after_id: str | None = None,
+        before_id: str | None = None,
+    ) -> bytes:
+        """The ``GET /v1/models`` body ``ref`` sees in Anthropic's list shape:
+        ``{"data", "has_more", "first_id", "last_id"}``, at most ``limit`` entries, those after
+        ``after_id`` or before ``before_id`` (Anthropic's cursors: ids of this listing, in its
+        order). Raises a 400 naming the cursor when it is not an id ``ref`` sees."""
+        listing = self.allowed_listings.get(ref, self.listing)
+        return anthropic_list_body(listing, limit=limit, after_id=after_id, before_id=before_id)
 
 
 class LoadTimes:
@@ -147,18 +181,6 @@ class LoadTimes:
         return created
 
 
-def _model_object(model_id: str, display_name: str | None, created: int) -> dict[str, object]:
-    obj: dict[str, object] = {
-        "id": model_id,
-        "object": "model",
-        "created": created,
-        "owned_by": "iop-edge",
-    }
-    if display_name:
-        obj["display_name"] = display_name
-    return obj
-
-
 def build_catalog(config: EdgeConfig, created: Callable[[str], int] = lambda _: 0) -> Catalog:
     """The catalog of an effective config. ``created(id)`` is the Unix time to report for a
     listed model or route id (the server gives the time it first loaded the id)."""
@@ -169,19 +191,29 @@ def build_catalog(config: EdgeConfig, created: Callable[[str], int] = lambda _: 
         r.model: RouteEntry(model=r.model, node_id=r.node or "", adapter=r.adapter, target=r.target)
         for r in config.openai.model_routes
     }
-    listed = {
-        g.id: created(g.id) for g in config.models if any(r.id in enabled for r in g.providers)
-    }
-    listed.update((r.model, created(r.model)) for r in config.openai.model_routes)
-    listing = [
-        _model_object(g.id, g.display_name, listed[g.id]) for g in config.models if g.id in listed
-    ] + [_model_object(r.model, None, listed[r.model]) for r in config.openai.model_routes]
+    # An alias resolves to its group's own entry: the request path needs no other look-up.
+    models.update((alias, models[g.id]) for g in config.models for alias in g.aliases)
+    # (id, display name, context window) of each entry, in the listing's order
+    shown: list[tuple[str, str | None, int | None]] = [
+        (name, g.display_name, g.context_window_tokens)
+        for g in config.models
+        if any(r.id in enabled for r in g.providers)
+        for name in (g.id, *g.aliases)
+    ]
+    shown += [(r.model, None, None) for r in config.openai.model_routes]
+    listed = {name: created(name) for name, _, _ in shown}
+    listing = [listed_model(name, display, listed[name], window) for name, display, window in shown]
+    names = {g.id: frozenset((g.id, *g.aliases)) for g in config.models}
+    names.update((alias, names[g.id]) for g in config.models for alias in g.aliases)
     allowed = {
-        p.ref: frozenset(p.models) for p in config.provider_pool.principals if p.models is not None
+        p.ref: frozenset(
+            name for model in p.models for name in names.get(model, frozenset((model,)))
+        )
+        for p in config.provider_pool.principals
+        if p.models is not None
     }
-    allowed_bodies = {
-        ref: orjson.dumps({"object": "list", "data": [m for m in listing if m["id"] in ids]})
-        for ref, ids in allowed.items()
+    allowed_listings = {
+        ref: tuple(entry for entry in listing if entry.id in ids) for ref, ids in allowed.items()
     }
     return Catalog(
         models=MappingProxyType(models),
@@ -189,10 +221,14 @@ def build_catalog(config: EdgeConfig, created: Callable[[str], int] = lambda _: 
         long_context_threshold_tokens=config.long_context_threshold_tokens,
         provider_nodes=MappingProxyType({p.id: n.id for n in config.nodes for p in n.providers}),
         listed=MappingProxyType(listed),
-        models_body=orjson.dumps({"object": "list", "data": listing}),
+        models_body=openai_list_body(listing),
         fair_share=config.provider_pool.fair_share,
         allowed=MappingProxyType(allowed),
-        allowed_bodies=MappingProxyType(allowed_bodies),
+        allowed_bodies=MappingProxyType(
+            {ref: openai_list_body(entries) for ref, entries in allowed_listings.items()}
+        ),
+        listing=tuple(listing),
+        allowed_listings=MappingProxyType(allowed_listings),
         stream_bounds=MappingProxyType(
             {
                 p.id: StreamBounds(p.first_token_timeout_ms, p.stream_idle_timeout_ms)

@@ -9,7 +9,7 @@ adapters make them — OpenAI JSON, OpenAI SSE frames, the OpenAI error envelope
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 import orjson
@@ -19,21 +19,14 @@ from iop_edge.api.bodies import MAX_TOKEN_FIELDS, THINKING_FIELD
 from iop_edge.envelope import envelope
 from iop_edge.errors import RequestError
 
-__all__ = ["CHAT_ROUTES", "ChatSurface", "parse_body"]
+__all__ = ["CHAT_ROUTES", "ChatRenderer", "ChatRequest", "ChatSurface", "parse_body"]
 
 
-class ChatSurface:
-    """One endpoint of the OpenAI surface (see :class:`~iop_edge.api.surface.Surface`)."""
+class ChatRenderer:
+    """The OpenAI surface's answers: the adapters' own (see
+    :class:`~iop_edge.api.surface.Renderer`). Stateless: one serves every request."""
 
-    __slots__ = ("endpoint", "name")
-
-    def __init__(self, endpoint: Endpoint) -> None:
-        self.endpoint: Final[Endpoint] = endpoint
-        self.name: Final[str] = endpoint
-
-    def parse(self, raw: bytes) -> dict[str, Any]:
-        """The body, checked (:func:`parse_body`): it is the internal form already."""
-        return parse_body(raw, self.endpoint)
+    __slots__ = ()
 
     def render_reply(self, reply: UpstreamReply) -> bytes:
         """The adapter's OpenAI body, as it is."""
@@ -49,8 +42,60 @@ class ChatSurface:
         """A final ``data: {"error": ...}`` event, as OpenAI sends one (no ``[DONE]``)."""
         return b"data: " + envelope(message, code, status=status) + b"\n\n"
 
+    def render_stream_reply(self, reply: UpstreamReply) -> bytes:
+        """Never called: an OpenAI stream sends no keep-alive, so its head waits for the
+        upstream's first frame; given for the protocol, as a final error event."""
+        return b"data: " + reply.body + b"\n\n"
+
+
+_RENDERER: Final = ChatRenderer()
+
+
+class ChatRequest:
+    """A parsed request of the OpenAI surface (see :class:`~iop_edge.api.surface.SurfaceRequest`):
+    its body is the internal form already; no upstream speaks it other than as it is."""
+
+    __slots__ = ("body",)
+
+    native_api: Final = None
+    keepalive: Final = None
+    refusal: Final = None
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+
+    def native_body(self, policy: Mapping[str, Any]) -> dict[str, Any]:
+        """The body after the policy (no other form exists)."""
+        return dict(policy)
+
+    def native_headers(self) -> Mapping[str, str]:
+        """None: the internal form has no headers of its own."""
+        return {}
+
+    def renderer(self, *, native: bool, estimated_input_tokens: int) -> ChatRenderer:
+        """The one :class:`ChatRenderer`."""
+        return _RENDERER
+
+
+class ChatSurface:
+    """One endpoint of the OpenAI surface (see :class:`~iop_edge.api.surface.Surface`)."""
+
+    __slots__ = ("endpoint", "name")
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint: Final[Endpoint] = endpoint
+        self.name: Final[str] = endpoint
+
+    def parse(self, raw: bytes, headers: Mapping[str, str]) -> ChatRequest:
+        """The body, checked (:func:`parse_body`): it is the internal form already."""
+        return ChatRequest(parse_body(raw, self.endpoint))
+
     render_error = staticmethod(envelope)
     """The OpenAI error envelope."""
+
+    def error_status(self, code: str | None, status: int) -> int:
+        """The edge's own status (:mod:`iop_edge.api.errors`)."""
+        return status
 
     def __repr__(self) -> str:
         return f"ChatSurface({self.endpoint!r})"

@@ -59,6 +59,8 @@ class RequestRecord:
     attempt_started: float = 0.0
     #: the attempts that failed over to another provider, in order
     failovers: tuple[FailedAttempt, ...] = ()
+    #: the agent session the request belongs to (``X-Claude-Code-Session-Id``, when valid)
+    session_id: str | None = None
 
     def failed_over(self, kind: str, code: str, ended: float) -> None:
         """The attempt on the current provider failed (at ``ended``) before the client got a
@@ -92,6 +94,7 @@ class RequestRecord:
             "error": self.error,
             "attempts": self.attempts,
             "failed_over": [f"{f.node}/{f.provider}: {f.kind}" for f in self.failovers] or None,
+            "session_id": self.session_id,
         }
 
 

@@ -28,26 +28,33 @@ the lease is released on the way out.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import itertools
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Final, Protocol
 
 from aiohttp import web
 
-from iop_edge.adapters.base import UpstreamCall
+from iop_edge.adapters.base import Executor
 from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, Lease
-from iop_edge.api.attempt import Failed, execute, failure_code, reply
+from iop_edge.api.attempt import Failed, execute, failure_code, final_reply
 from iop_edge.api.auth import Authenticator, ProviderAuthForwarder
 from iop_edge.api.bodies import prepare
-from iop_edge.api.catalog import Catalog, admission_group, model_not_found
+from iop_edge.api.catalog import (
+    Catalog,
+    ModelEntry,
+    RouteEntry,
+    admission_group,
+    model_not_found,
+)
 from iop_edge.api.errors import client_message, describe, error_headers
+from iop_edge.api.exchange import Exchange
 from iop_edge.api.guard import RequestGuard, exception_summary, require_json_body
+from iop_edge.api.keepalive import Keepalive
 from iop_edge.api.record import RequestObserver, RequestRecord
 from iop_edge.api.surface import Surface
 from iop_edge.config.policy import route_group
@@ -62,7 +69,7 @@ from iop_edge.seams import Clock
 if TYPE_CHECKING:
     from iop_edge.handover.relay import HandoverRelay
 
-__all__ = ["ErrorRenderer", "RequestPath", "error_response", "request_id"]
+__all__ = ["ErrorRenderer", "RequestPath", "error_response", "request_id", "session_id"]
 
 _REQUEST_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # Generated request ids: 32 hex characters, a random per-process prefix and a counter — unique
@@ -133,13 +140,18 @@ class RequestPath:
                 and self.relay.handed_over
             ):
                 return await self._relayed(request, record)
-            record.status, record.code, _ = describe(exc)
+            status, record.code, _ = describe(exc)
+            record.status = surface.error_status(record.code, status)
             if record.error is None:  # (an allow-list denial has set what the log says)
                 record.error = str(exc)
             if isinstance(exc, AdapterError) and exc.code.startswith("upstream_"):
                 record.upstream_failure = exc.code
             return error_response(
-                exc, record.request_id, record.provider, render=surface.render_error
+                exc,
+                record.request_id,
+                record.provider,
+                render=surface.render_error,
+                status_of=surface.error_status,
             )
         except asyncio.CancelledError:
             record.status, record.code = (
@@ -165,6 +177,7 @@ class RequestPath:
                 record.request_id,
                 record.provider,
                 render=surface.render_error,
+                status_of=surface.error_status,
             )
         finally:
             record.duration = self.clock.now() - record.started
@@ -181,11 +194,92 @@ class RequestPath:
     ) -> web.StreamResponse:
         headers = request.headers
         self.guard.check(headers)
+        record.session_id = session_id(headers)
         # Handed over: what still comes on a kept-alive connection is the new process's to
         # judge, with its config (a token, model or limit the restart added): relayed unjudged.
         handed_over = self.relay.handed_over
         if not handed_over:
-            record.principal = self.auth.authenticate(headers.get("Authorization"))
+            record.principal = self.auth.authenticate_headers(headers)
+        raw = await self.read_body(request, record)
+        if handed_over:
+            return await self._relayed(request, record)
+        parsed = surface.parse(raw, headers)
+        body = parsed.body
+        endpoint = surface.endpoint
+        record.model = model_id = body["model"]
+        record.stream = endpoint != "embeddings" and bool(body.get("stream"))
+        catalog = self.catalog
+        share, model, route = self.resolve(record, catalog, model_id)
+        refusal = parsed.refusal
+        if refusal is not None and not any(
+            parsed.native_api in executor.native_apis
+            for _, executor, _ in self.executors(catalog, model, route)
+        ):
+            raise refusal  # (no provider of the model could take it as it is)
+        if model is None:
+            prepared = prepare(body, endpoint, None, catalog.long_context_threshold_tokens)
+            # Admitted like a group (its capacity, the principal's caps and share); its
+            # outcomes are not reported: a route has no health.
+            group, long_context = route_group(model_id), False
+        else:
+            prepared = prepare(body, endpoint, model, catalog.long_context_threshold_tokens)
+            group = admission_group(model, endpoint, body)
+            long_context = prepared.long_context
+        exchange = Exchange(
+            parsed,
+            endpoint,
+            prepared,
+            model,
+            route,
+            self.provider_auth.upstream_headers(headers),
+            record.request_id,
+            model_id,
+        )
+        if not prepared.stream or parsed.keepalive is None:
+            return await self._admitted(request, record, exchange, share, group, long_context)
+        # A stream that may wait long: its head and the surface's keep-alive event go out
+        # if it does (api/keepalive.py); a refusal after that travels in the stream.
+        keepalive = Keepalive(
+            request, self.clock, parsed.keepalive, {"x-request-id": record.request_id}
+        )
+        exchange.keepalive = keepalive
+        try:
+            return await self._admitted(request, record, exchange, share, group, long_context)
+        except IopEdgeError as exc:
+            response = await keepalive.settle()
+            if response is None:
+                raise
+            await self._refused_in_stream(response, exc, record, exchange)
+            return response
+        finally:
+            keepalive.stop()
+
+    async def _refused_in_stream(
+        self,
+        response: web.StreamResponse,
+        exc: IopEdgeError,
+        record: RequestRecord,
+        exchange: Exchange,
+    ) -> None:
+        """A refusal of a stream whose head went out (keep-alive): the surface's error event
+        as its last write (the status said 200; the request line's code says what happened)."""
+        status, code, _ = describe(exc)
+        record.status, record.code = 200, code or "upstream_error"
+        record.error = record.error or str(exc)
+        if isinstance(exc, AdapterError):
+            status = exc.status
+            if exc.code.startswith("upstream_"):
+                record.upstream_failure = exc.code
+        renderer = exchange.parsed.renderer(
+            native=False, estimated_input_tokens=exchange.prepared.estimated_input_tokens
+        )
+        message = client_message(exc, record.provider)
+        await response.write(renderer.render_stream_error(message, record.code, status))
+        await response.write_eof()
+
+    async def read_body(self, request: web.Request, record: RequestRecord) -> bytes:
+        """The request's JSON body (a 415 for another type, a 413 past
+        ``openai.max_body_bytes``; a body that stops arriving is cut, and logged as such)."""
         require_json_body(request)
         # A body still arriving has openai.header_timeout_ms to finish (the listener's body
         # timer); its guard says whether that timer cut it (taken now: the cut forgets it).
@@ -208,14 +302,35 @@ class RequestPath:
                     "the connection"
                 )
             raise
-        if handed_over:
-            return await self._relayed(request, record)
-        body = surface.parse(raw)
-        endpoint = surface.endpoint
-        record.model = model_id = body["model"]
-        record.stream = endpoint != "embeddings" and bool(body.get("stream"))
-        upstream_headers = self.provider_auth.upstream_headers(headers)
-        catalog = self.catalog
+        return raw
+
+    def executors(
+        self, catalog: Catalog, model: ModelEntry | None, route: RouteEntry | None
+    ) -> list[tuple[str, Executor, str]]:
+        """The providers of a model group (in its order; a disabled one has no executor) or
+        the route's one adapter: each provider's id, executor and upstream target."""
+        if model is None:
+            assert route is not None
+            return [
+                (route.adapter, self.adapters.route(route.node_id, route.adapter), route.target)
+            ]
+        found = []
+        nodes = catalog.provider_nodes
+        for provider_id, target in model.targets.items():
+            try:
+                executor = self.adapters.provider(nodes[provider_id], provider_id)
+            except KeyError:
+                continue
+            found.append((provider_id, executor, target))
+        return found
+
+    def resolve(
+        self, record: RequestRecord, catalog: Catalog, model_id: str
+    ) -> tuple[str, ModelEntry | None, RouteEntry | None]:
+        """The request's share (whose allow-list, caps and fair share it counts under) and its
+        model: a ``models[]`` group or else a route. A model the share may not use is answered
+        exactly as an unknown one (the allow-list leaks no model's existence; only the log
+        line says why)."""
         principal = record.principal
         share = (
             catalog.share_of(principal.principal_ref, principal.token_ref)
@@ -223,8 +338,6 @@ class RequestPath:
             else ANONYMOUS
         )
         if not catalog.permits(share, model_id):
-            # Exactly as an unknown model: the allow-list leaks no model's existence (only the
-            # log line says why).
             if model_id in catalog.models or model_id in catalog.routes:
                 record.error = (
                     f"the principal '{share}' may not use the model '{model_id}' "
@@ -232,20 +345,22 @@ class RequestPath:
                 )
             raise model_not_found(model_id)
         model = catalog.models.get(model_id)
-        if model is None:
-            route = catalog.routes.get(model_id)
-            if route is None:
-                raise model_not_found(model_id)
-            record.resolved = True
-            prepared = prepare(body, endpoint, None, catalog.long_context_threshold_tokens)
-            # Admitted like a group (its capacity, the principal's caps and share); its
-            # outcomes are not reported: a route has no health.
-            group, long_context = route_group(model_id), False
-        else:
-            record.resolved = True
-            prepared = prepare(body, endpoint, model, catalog.long_context_threshold_tokens)
-            group = admission_group(model, endpoint, body)
-            long_context = prepared.long_context
+        route = catalog.routes.get(model_id) if model is None else None
+        if model is None and route is None:
+            raise model_not_found(model_id)
+        record.resolved = True
+        return share, model, route
+
+    async def _admitted(
+        self,
+        request: web.Request,
+        record: RequestRecord,
+        exchange: Exchange,
+        share: str,
+        group: str,
+        long_context: bool,
+    ) -> web.StreamResponse:
+        """Admit the request into ``group``, run its attempts (failing over), and answer."""
         lease: Lease | None = await self.scheduler.admit(
             group,
             long_context=long_context,
@@ -254,7 +369,7 @@ class RequestPath:
         )
         assert lease is not None
         record.queue_wait = lease.queue_wait
-        call: UpstreamCall | None = None
+        model, route, prepared = exchange.model, exchange.route, exchange.prepared
         try:
             while True:
                 if model is not None:
@@ -278,28 +393,16 @@ class RequestPath:
                     target, bounds = route.target, None
                     executor = self.adapters.route(route.node_id, route.adapter)
                     told = None  # (a route has no health to tell)
-                if call is None:
-                    call = UpstreamCall(
-                        endpoint,
-                        prepared.body,
-                        target,
-                        prepared.stream,
-                        upstream_headers,
-                        record.request_id,
-                        model_id,
-                        prepared.estimated_input_tokens,
-                        bounds,
-                    )
-                else:  # (after a failover, rare: the same call, to another provider)
-                    call = dataclasses.replace(call, target=target, bounds=bounds)
+                call, renderer = exchange.attempt(executor, target, bounds)
                 attempt = await execute(
                     request,
                     record,
-                    surface,
+                    renderer,
                     executor,
                     call,
                     self.clock,
                     told,
+                    exchange.keepalive,
                 )
                 if not isinstance(attempt, Failed):
                     return attempt
@@ -316,7 +419,9 @@ class RequestPath:
                 if lease is None:  # no retry (or none left): this attempt's error is the answer
                     if isinstance(attempt.error, AdapterError):
                         raise attempt.error
-                    return reply(record, surface, attempt.error, self.clock)
+                    return await final_reply(
+                        record, renderer, attempt.error, self.clock, exchange.keepalive
+                    )
         finally:
             if lease is not None:
                 lease.release()
@@ -327,6 +432,16 @@ class RequestPath:
         self.write_request_line({"endpoint": record.endpoint, **shown, **record.log_fields()})
         for observe in self.observers:
             observe(record)
+
+
+def session_id(headers: Mapping[str, str]) -> str | None:
+    """The agent session a request belongs to: ``X-Claude-Code-Session-Id`` when it is 1-128
+    characters of ``A-Z a-z 0-9 . _ : -`` (as for ``x-request-id``), else none (an invalid
+    one is dropped, never logged: it may carry anything)."""
+    given = headers.get("x-claude-code-session-id")
+    if given is not None and _REQUEST_ID_RE.match(given):
+        return given
+    return None
 
 
 def request_id(request: web.Request) -> str:
@@ -348,10 +463,18 @@ class ErrorRenderer(Protocol):
 
 
 def error_response(
-    exc: IopEdgeError, request_id: str, provider: str | None = None, *, render: ErrorRenderer
+    exc: IopEdgeError,
+    request_id: str,
+    provider: str | None = None,
+    *,
+    render: ErrorRenderer,
+    status_of: Callable[[str | None, int], int] | None = None,
 ) -> web.Response:
-    """The error answer to ``exc`` (its status, code and headers), rendered by ``render``."""
+    """The error answer to ``exc`` (its status, code and headers), rendered by ``render``;
+    ``status_of`` gives a surface's status for the edge's code and status (else the edge's)."""
     status, code, param = describe(exc)
+    if status_of is not None:
+        status = status_of(code, status)
     headers = {"x-request-id": request_id, **error_headers(code)}
     if isinstance(exc, AdmissionError) and exc.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))

@@ -1,12 +1,16 @@
 """The HTTP surfaces' application (aiohttp): routes, the small endpoints, the catalog swap.
 
 ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST /v1/embeddings`` are the
-OpenAI surface (:mod:`iop_edge.api.chat`), each served by the one request path
-(:mod:`iop_edge.api.request_path`); a new surface adds its module beside ``chat.py`` and its
+OpenAI surface (:mod:`iop_edge.api.chat`), ``POST /v1/messages`` Anthropic's
+(:mod:`iop_edge.api.messages`), each served by the one request path
+(:mod:`iop_edge.api.request_path`); ``POST /v1/messages/count_tokens`` counts without a slot
+(:mod:`iop_edge.api.count_tokens`). A new surface adds its module beside ``chat.py`` and its
 routes here. ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /healthz`` and ``GET /readyz``
-answer from the current catalog. Any other path or method answers 404 ``unknown_url`` / 405
-``method_not_allowed`` (with ``Allow``) in the OpenAI envelope, logged and counted like a request
-(model ``(unknown)``).
+answer from the current catalog; the two models routes answer in Anthropic's shapes (and their
+errors in Anthropic's envelope) when the request carries ``anthropic-version``, as Anthropic's
+clients always do (:mod:`iop_edge.api.model_list`). Any other path or method answers 404
+``unknown_url`` / 405 ``method_not_allowed`` (with ``Allow``) in the OpenAI envelope, logged and
+counted like a request (model ``(unknown)``).
 
 After a handover (``iop-edge restart``) this process relays the requests it can no longer admit
 to the one that took over, and the one that took over keeps a relayed request's place in its
@@ -27,14 +31,17 @@ from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler
 from iop_edge.api.catalog import Catalog, LoadTimes, build_catalog, model_not_found
 from iop_edge.api.chat import CHAT_ROUTES
+from iop_edge.api.count_tokens import TokenCounter
 from iop_edge.api.errors import describe
 from iop_edge.api.guard import Cors, install_log_scrubber
+from iop_edge.api.messages import MESSAGES_SURFACE
+from iop_edge.api.model_list import ANTHROPIC_DEFAULT_LIMIT, ANTHROPIC_MAX_LIMIT
 from iop_edge.api.record import RequestObserver, RequestRecord
 from iop_edge.api.request_path import RequestPath, error_response
 from iop_edge.api.request_path import request_id as _request_id
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.envelope import envelope
-from iop_edge.errors import IopEdgeError
+from iop_edge.errors import IopEdgeError, RequestError
 from iop_edge.runtime.lifecycle import Lifecycle, Phase
 from iop_edge.runtime.logs import Logger, RequestLineWriter
 from iop_edge.seams import Clock
@@ -43,6 +50,8 @@ if TYPE_CHECKING:
     from iop_edge.handover.relay import HandoverRelay
 
 _JSON: Final = "application/json"
+#: The header every Anthropic client sends: the models routes answer in Anthropic's shapes.
+ANTHROPIC_VERSION: Final = "anthropic-version"
 
 #: the phases this process serves in itself (ready for /readyz, unless it handed over)
 _SERVING_PHASES: Final = frozenset({Phase.READY, Phase.HANDING_OVER})
@@ -102,6 +111,10 @@ class OpenAIServer(RequestPath):
         app = web.Application(client_max_size=self.max_body_bytes)
         for path, surface in CHAT_ROUTES:
             app.router.add_post(path, functools.partial(self._serve, surface=surface))
+        app.router.add_post(
+            "/v1/messages", functools.partial(self._serve, surface=MESSAGES_SURFACE)
+        )
+        app.router.add_post("/v1/messages/count_tokens", TokenCounter(self).serve)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model_id:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)
@@ -142,7 +155,7 @@ class OpenAIServer(RequestPath):
         the model ``(unknown)`` — never the path as a label."""
         record = RequestRecord(_request_id(request), "(unknown)", self.clock.now())
         with contextlib.suppress(IopEdgeError):  # (attribution only: the answer is the same)
-            record.principal = self.auth.authenticate(request.headers.get("Authorization"))
+            record.principal = self.auth.authenticate_headers(request.headers)
         allowed: set[str] = set()
         for resource in self._known:
             _, methods = await resource.resolve(request)
@@ -159,7 +172,8 @@ class OpenAIServer(RequestPath):
             record.status, record.code = 404, "unknown_url"
             message = (
                 f"Unknown request URL: {method} {shown}. This edge serves POST "
-                "/v1/chat/completions, /v1/completions and /v1/embeddings, and GET /v1/models."
+                "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages and "
+                "/v1/messages/count_tokens, and GET /v1/models."
             )
         record.error = message
         record.duration = self.clock.now() - record.started
@@ -172,45 +186,99 @@ class OpenAIServer(RequestPath):
         )
 
     async def list_models(self, request: web.Request) -> web.Response:
-        """``GET /v1/models``: every model group and model route the caller may use. A refusal
-        (401, 403) is logged and counted like any request (model ``(unknown)``); an answer is
-        not (a listing is no use of a model)."""
+        """``GET /v1/models``: every model group, alias and model route the caller may use; in
+        Anthropic's list shape, one page of it (``limit``, ``after_id``, ``before_id``), when
+        the request carries ``anthropic-version``. A refusal (401, 403) is logged and counted
+        like any request (model ``(unknown)``); an answer is not (a listing is no use of a
+        model)."""
         rid = _request_id(request)
+        anthropic = ANTHROPIC_VERSION in request.headers
         try:
             self.guard.check(request.headers)
-            principal = self.auth.authenticate(request.headers.get("Authorization"))
+            principal = self.auth.authenticate_headers(request.headers)
         except IopEdgeError as exc:
-            return self._refused(request, exc, rid)
+            return self._refused(request, exc, rid, anthropic=anthropic)
         catalog = self.catalog
-        body = catalog.models_body_for(
-            catalog.share_of(principal.principal_ref, principal.token_ref)
-        )
+        ref = catalog.share_of(principal.principal_ref, principal.token_ref)
+        if not anthropic:
+            body = catalog.models_body_for(ref)
+        else:
+            query = request.query
+            try:
+                body = catalog.anthropic_page(
+                    ref,
+                    limit=_page_limit(query.get("limit")),
+                    after_id=query.get("after_id"),
+                    before_id=query.get("before_id"),
+                )
+            except IopEdgeError as exc:
+                return _error_answer(exc, rid, anthropic=True)
         return web.Response(body=body, content_type=_JSON, headers={"x-request-id": rid})
 
     async def get_model(self, request: web.Request) -> web.Response:
-        """``GET /v1/models/{id}`` (a refusal logged and counted as for ``GET /v1/models``)."""
+        """``GET /v1/models/{id}``: OpenAI's model object, or Anthropic's ``ModelInfo`` with
+        ``anthropic-version`` (a refusal logged and counted as for ``GET /v1/models``)."""
         rid = _request_id(request)
         model_id = request.match_info["model_id"]
+        anthropic = ANTHROPIC_VERSION in request.headers
         try:
             self.guard.check(request.headers)
-            principal = self.auth.authenticate(request.headers.get("Authorization"))
+            principal = self.auth.authenticate_headers(request.headers)
         except IopEdgeError as exc:
-            return self._refused(request, exc, rid)
+            return self._refused(request, exc, rid, anthropic=anthropic)
         try:
             catalog = self.catalog
             ref = catalog.share_of(principal.principal_ref, principal.token_ref)
-            body = catalog.model_body(model_id) if catalog.permits(ref, model_id) else None
+            body = (
+                catalog.model_body(model_id, anthropic=anthropic)
+                if catalog.permits(ref, model_id)
+                else None
+            )
             if body is None:
                 raise model_not_found(model_id)
         except IopEdgeError as exc:
-            return error_response(exc, rid, render=envelope)
+            return _error_answer(exc, rid, anthropic=anthropic)
         return web.Response(body=body, content_type=_JSON, headers={"x-request-id": rid})
 
-    def _refused(self, request: web.Request, exc: IopEdgeError, rid: str) -> web.Response:
+    def _refused(
+        self, request: web.Request, exc: IopEdgeError, rid: str, *, anthropic: bool
+    ) -> web.Response:
         """A models request refused before it was authenticated: its error answer, with its
         request line and count (model ``(unknown)``), as for the other endpoints."""
         record = RequestRecord(rid, "models", self.clock.now())
         record.status, record.code, _ = describe(exc)
         record.error = str(exc)
         self.finish(record, method=request.method, path=request.path[:200])
-        return error_response(exc, rid, render=envelope)
+        record.status = (
+            MESSAGES_SURFACE.error_status(record.code, record.status)
+            if anthropic
+            else record.status
+        )
+        return _error_answer(exc, rid, anthropic=anthropic)
+
+
+def _error_answer(exc: IopEdgeError, rid: str, *, anthropic: bool) -> web.Response:
+    """The error answer of a models route: Anthropic's error object and status for a client
+    that sent ``anthropic-version``, else the OpenAI envelope."""
+    if anthropic:
+        return error_response(
+            exc,
+            rid,
+            render=MESSAGES_SURFACE.render_error,
+            status_of=MESSAGES_SURFACE.error_status,
+        )
+    return error_response(exc, rid, render=envelope)
+
+
+def _page_limit(value: str | None) -> int:
+    """Anthropic's ``limit`` query parameter: an integer from 1 to 1000, 20 when absent."""
+    if value is None:
+        return ANTHROPIC_DEFAULT_LIMIT
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= ANTHROPIC_MAX_LIMIT:
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise RequestError(
+            "invalid_request_error",
+            f"The limit {shown!r} is not an integer from 1 to {ANTHROPIC_MAX_LIMIT}.",
+            param="limit",
+        )
+    return int(value)

@@ -6,10 +6,9 @@ unapplied). What is live:
 
 - ``long_context_threshold_tokens``, ``provider_pool.max_queue``, ``provider_pool.queue_timeout_ms``
 - a provider's ``capacity``, ``long_context_capacity``, ``total_context_tokens``, ``priority``,
-  ``enabled``, ``retry_on``
-  ``enabled``, ``first_token_timeout_ms``, ``stream_idle_timeout_ms``
-- ``models[]``: add, remove, and every field (display name, context window, provider list,
-  generation policy)
+  ``enabled``, ``retry_on``, ``first_token_timeout_ms``, ``stream_idle_timeout_ms``
+- ``models[]``: add, remove, and every field (aliases, display name, context window, provider
+  list, generation policy)
 - ``nodes[].runtime`` (legacy node runtime concurrency metadata)
 - ``provider_pool.*`` (fair share, principals, failover, health), and
   ``openai.model_routes[].capacity``

@@ -13,7 +13,7 @@ message is turned into a :class:`~iop_edge.errors.ConfigProblem`.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -155,6 +155,17 @@ def _probe_path(value: str) -> str:
 def _positive_weight(value: float) -> float:
     if not value > 0 or value != value or value == float("inf"):
         raise ValueError(f"{value} is not a positive finite number; {{field}} must be > 0")
+    return value
+
+
+def _distinct(value: tuple[str, ...]) -> tuple[str, ...]:
+    seen: set[str] = set()
+    for item in value:
+        if item in seen:
+            raise ValueError(
+                f"{_show(item)} is listed twice in {list(value)}; {{field}} entries must be unique"
+            )
+        seen.add(item)
     return value
 
 
@@ -417,9 +428,16 @@ class ModelProviderRef(_Section):
 
 
 class ModelGroup(_Section):
-    """A ``models[]`` entry: the canonical routing key into the provider pool."""
+    """A ``models[]`` entry: the canonical routing key into the provider pool.
+
+    ``aliases`` are further names the group answers to (Claude Code asks for ``claude-…``
+    names): each is a model id of its own in requests and in ``GET /v1/models``, and resolves
+    to this group exactly as ``id`` does. Unique across every model id, alias and route id
+    (checked in :mod:`iop_edge.config.validate`). Live, like every field of a group.
+    """
 
     id: ModelId
+    aliases: tuple[ModelId, ...] = ()
     display_name: str | None = None
     context_window_tokens: Positive
     providers: tuple[ModelProviderRef, ...] = Field(min_length=1)
@@ -433,6 +451,16 @@ class ModelGroup(_Section):
 AdapterType = Literal["openai_compat", "ollama", "cli"]
 ProviderType = Literal["openai_compat", "ollama", "cli", "seulgivibe_claude", "seulgivibe_openai"]
 OutputFormat = Literal["text", "json", "stream-json"]
+NativeApi = Literal["messages"]
+"""An API besides OpenAI's that an ``openai_compat`` upstream serves itself, so the edge passes
+its requests through instead of translating them (``native_apis``): ``messages``, Anthropic
+Messages (``{base_url}/messages`` and ``{base_url}/messages/count_tokens``). The one list of
+them: a new one (issue 28: ``responses``) is added here."""
+NATIVE_APIS: Final[tuple[NativeApi, ...]] = get_args(NativeApi)
+"""Every :data:`NativeApi`, in order."""
+#: The runtime types that may declare ``native_apis``: the others never speak an API but their
+#: own (``ollama``) or none (``cli``); their requests are translated.
+NATIVE_API_TYPES: Final = ("openai_compat",)
 
 #: Provider-first execution fields: set on a provider, they override its adapter's values.
 EXECUTION_FIELDS: Final = (
@@ -448,6 +476,7 @@ EXECUTION_FIELDS: Final = (
     "output_format",
     "context_size",
     "request_timeout_ms",
+    "native_apis",
 )
 
 
@@ -466,6 +495,7 @@ class ExecutionFields(_Section):
     output_format: OutputFormat | None = None
     context_size: Positive | None = None
     request_timeout_ms: Positive | None = None
+    native_apis: Annotated[tuple[NativeApi, ...], AfterValidator(_distinct)] | None = None
 
 
 class HealthCheck(_Section):

@@ -16,6 +16,7 @@ from iop_edge.config.address import ListenAddress
 from iop_edge.config.schema import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_QUEUE_TIMEOUT_MS,
+    NATIVE_API_TYPES,
     Adapter,
     EdgeConfig,
     ModelGroup,
@@ -133,6 +134,9 @@ class _Checker:
                         "unique within a node",
                     )
                 names.add(adapter.name)
+                self.native_apis(
+                    f"nodes[{node.id}].adapters[{adapter.name}]", adapter.type, adapter
+                )
             providers = tuple(self.provider(node, p) for p in node.providers)
             nodes.append(node.model_copy(update={"providers": providers}))
         return tuple(nodes)
@@ -165,6 +169,7 @@ class _Checker:
                 "a cli provider has no HTTP health check (omit health_check or set it to false: "
                 "an ejected cli provider gets one trial request once its ejection ends)",
             )
+        self.native_apis(path, provider.type, provider)
         adapter = self.resolve_adapter(node, provider, path, report=provider.enabled)
         if adapter is None:
             return provider
@@ -183,6 +188,19 @@ class _Checker:
         if provider.enabled:
             self.reachable(path, adapter, provider)
         return provider.model_copy(update={"adapter": adapter.name})
+
+    def native_apis(self, path: str, kind: str, fields: Adapter | Provider) -> None:
+        """``native_apis`` only where the upstream can speak another API: an ``openai_compat``
+        adapter or provider (an ``ollama`` or ``cli`` one has its requests translated)."""
+        if fields.native_apis is None or kind in NATIVE_API_TYPES:
+            return
+        what = f"{kind} {type(fields).__name__.lower()}s"
+        self.problem(
+            f"{path}.native_apis",
+            f"{list(fields.native_apis)} is not available on {what}; native_apis is an "
+            "execution field of openai_compat adapters and providers only (the requests of "
+            f"{what} are translated)",
+        )
 
     def reachable(self, path: str, adapter: Adapter, provider: Provider | None = None) -> None:
         """An upstream needs a way to reach it: ``base_url`` for HTTP adapters, ``command``
@@ -295,7 +313,32 @@ class _Checker:
                 ids.add(ref.id)
                 refs.append(self.model_provider(model, ref, ref_path))
             models.append(model.model_copy(update={"providers": tuple(refs)}))
+        self.aliases()
         return tuple(models)
+
+    def aliases(self) -> None:
+        """``models[].aliases``: every name a request's ``model`` may be — a group id, an
+        alias, a route id — names one group or route only, so each alias is checked against
+        all of them and reported at its own path, naming the other place."""
+        groups = {model.id for model in self.config.models}
+        routes = {route.model for route in self.config.openai.model_routes}
+        seen: dict[str, str] = {}
+        rule = "model ids, aliases and route ids must all be distinct"
+        for model in self.config.models:
+            for index, alias in enumerate(model.aliases):
+                path = f"models[{model.id}].aliases[{index}]"
+                if alias == model.id:
+                    other = f"this group's own id (models[{model.id}].id)"
+                elif alias in groups:
+                    other = f"the id of models[{alias}]"
+                elif alias in seen:
+                    other = f"already an alias at {seen[alias]}"
+                elif alias in routes:
+                    other = f"the id of openai.model_routes[{alias}]"
+                else:
+                    seen[alias] = path
+                    continue
+                self.problem(path, f"{alias!r} is {other}; {rule}")
 
     def generation_policy(self, model: ModelGroup, path: str) -> None:
         window = model.context_window_tokens
@@ -362,7 +405,7 @@ class _Checker:
     def principals(self, servable: set[str]) -> None:
         """``provider_pool.principals[]``: unique refs, each naming a configured principal
         (a ``token_ref`` with ``fair_share: token``; ``anonymous`` when there are no tokens),
-        and model allow-lists naming only model ids and route ids."""
+        and model allow-lists naming only model ids, aliases and route ids."""
         pool = self.config.provider_pool
         tokens = self.config.openai.principal_tokens
         by_token = pool.fair_share == "token"
@@ -388,7 +431,7 @@ class _Checker:
                 if model not in servable:
                     self.problem(
                         f"{path}.models",
-                        f"{model!r} is no model id or route id of this config; "
+                        f"{model!r} is no model id, alias or route id of this config; "
                         f"{_suggest(model, sorted(servable))}",
                     )
 
@@ -453,7 +496,8 @@ def validate_config(config: EdgeConfig) -> EdgeConfig:
     referenced = {ref.id for model in models for ref in model.providers}
     pool = checker.queue_policy(referenced)
     routes = checker.routes(nodes, {m.id for m in models})
-    checker.principals({m.id for m in models} | {r.model for r in routes})
+    aliases = {alias for m in models for alias in m.aliases}
+    checker.principals({m.id for m in models} | aliases | {r.model for r in routes})
     if not models and not routes:
         checker.problem(
             "models",

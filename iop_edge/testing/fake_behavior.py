@@ -12,6 +12,7 @@ Pure: no I/O; :class:`~iop_edge.testing.fake_upstream.FakeUpstream` applies thes
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, get_args
@@ -83,6 +84,8 @@ _FIELD_PARSERS: dict[str, Callable[[str], object]] = {
     "fault": _parse_fault,
     "fault_after": int,
     "hold": _parse_bool,
+    "thinking": _parse_optional_str,
+    "tool_call": _parse_optional_str,
 }
 
 
@@ -123,6 +126,12 @@ class FakeBehavior:
     ``hold`` parks the request (counted in flight) until
     :meth:`~iop_edge.testing.fake_upstream.FakeUpstream.release`.
 
+    Parts besides the text, answered by the fake OpenAI server's chat (``reasoning_content``
+    and ``tool_calls``, with ``finish_reason: "tool_calls"``) and its Anthropic Messages routes
+    (:mod:`~iop_edge.testing.fake_messages`; the other protocols ignore them): ``thinking``, the
+    reasoning that comes first; ``tool_call``, a tool call that comes last (unless the answer
+    was cut by its length), written ``NAME`` or ``NAME:{"the": "input as a JSON object"}``.
+
     Per-request overrides use a query string of these field names (see :meth:`with_overrides`
     and :meth:`to_query`); values ``none`` or empty reset ``reply``, ``chunks``, ``fault``.
     """
@@ -139,6 +148,8 @@ class FakeBehavior:
     fault: Fault | None = None
     fault_after: int = 0
     hold: bool = False
+    thinking: str | None = None
+    tool_call: str | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -154,6 +165,8 @@ class FakeBehavior:
             problems.append(f"fault: {self.fault!r} is not one of {sorted(_FAULTS)}")
         if self.fault_after < 0:
             problems.append(f"fault_after: {self.fault_after} is negative; it must be >= 0")
+        if self.tool_call is not None:
+            problems.extend(_tool_call_problems(self.tool_call))
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -195,6 +208,21 @@ class FakeBehavior:
     def directive(self) -> str:
         """Return this behaviour as a directive to put in a user message (``[[fake:...]]``)."""
         return f"{DIRECTIVE_PREFIX}{self.to_query()}]]"
+
+
+def _tool_call_problems(tool_call: str) -> list[str]:
+    name, colon, arguments = tool_call.partition(":")
+    if not name:
+        return [f"tool_call: {tool_call!r} has no tool name; write NAME or NAME:{{json}}"]
+    if not colon:
+        return []
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as exc:
+        return [f"tool_call: the input of {name!r} is not JSON ({exc})"]
+    if not isinstance(parsed, dict):
+        return [f"tool_call: the input of {name!r} is not a JSON object"]
+    return []
 
 
 DEFAULT_BEHAVIOR = FakeBehavior()

@@ -24,6 +24,11 @@ Endpoints, as Ollama serves them:
   message's text, empty ``content`` and ``done_reason: stop``; streamed, the call comes in one
   ``done: false`` line before the final one. After a ``tool`` message the answer is ``the tool
   said: <its content>``.
+- Thinking, as a thinking model: a chat request whose ``think`` is ``true`` or a level
+  (``"low"``, ``"medium"``, ``"high"``) answers with ``message.thinking`` =
+  :func:`fake_thinking` of the prompt (streamed, in one ``done: false`` line before the
+  content); ``think`` ``false`` or absent: no thinking. ``think`` and the history's
+  ``thinking`` are recorded with the rest of the body.
 - ``POST /api/embed``: ``input`` a string or an array of strings (anything else is a 400);
   ``{"model", "embeddings": [[...], ...], "total_duration", "load_duration",
   "prompt_eval_count"}``, each vector :func:`~iop_edge.testing.fake_upstream.fake_embedding`
@@ -62,7 +67,7 @@ from iop_edge.testing.fake_upstream import (
     shape_reply,
 )
 
-__all__ = ["FakeOllama"]
+__all__ = ["FakeOllama", "fake_thinking"]
 
 _VERSION = b'{"version":"0.6.8"}'
 
@@ -168,6 +173,7 @@ class FakeOllama(FakeUpstream):
             max_tokens=options.get("num_predict"),
             stop=options.get("stop"),
         )
+        thinking = fake_thinking(prompt) if body.get("think") not in (None, False) else None
         created_at = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
         prompt_tokens = count_words(messages)
         elapsed = time.perf_counter_ns() - started
@@ -186,6 +192,8 @@ class FakeOllama(FakeUpstream):
         }
         if body.get("stream", True) is False:
             final["message"]["content"] = "".join(pieces)
+            if thinking is not None:
+                final["message"]["thinking"] = thinking
             if tool_call:
                 final["message"]["tool_calls"] = [tool_call]
             return await self._body(
@@ -202,6 +210,10 @@ class FakeOllama(FakeUpstream):
             + b'","message":{"role":"assistant","content":'
         )
         frames = [head + orjson.dumps(piece) + b'},"done":false}\n' for piece in pieces]
+        if thinking is not None:
+            frames.insert(
+                0, head + b'"","thinking":' + orjson.dumps(thinking) + b'},"done":false}\n'
+            )
         if tool_call:
             frames.append(
                 head + b'"","tool_calls":' + orjson.dumps([tool_call]) + b'},"done":false}\n'
@@ -247,6 +259,11 @@ class FakeOllama(FakeUpstream):
         return await self._body(
             request, behavior, orjson.dumps(answer), content_type="application/json"
         )
+
+
+def fake_thinking(prompt: str) -> str:
+    """What the fake thinks before answering ``prompt`` (when asked to think)."""
+    return f"Thinking about: {prompt}"
 
 
 def _tool_call(tools: object, messages: object, prompt: str) -> dict[str, Any] | None:

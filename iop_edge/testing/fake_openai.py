@@ -16,12 +16,23 @@ streaming and not), ``POST /v1/embeddings`` (an ``embedding`` per input, floats 
 asked; ``usage.prompt_tokens`` counts words, a token id as one) and ``GET /v1/models``.
 Errors use the OpenAI envelope ``{"error": {"message", "type", "param", "code"}}``.
 
+Like vLLM, llama.cpp and Ollama it also serves Anthropic Messages natively,
+``POST /v1/messages`` and ``POST /v1/messages/count_tokens``, in Anthropic's shapes, errors
+included (:mod:`~iop_edge.testing.fake_messages`); ``serves_messages=False`` makes a chat-only
+server, which answers them 404.
+
 **The reply** echoes the last user message (the prompt, for ``/v1/completions``) unless
 :attr:`FakeBehavior.reply` fixes it. It is cut at the first ``stop`` sequence (finish reason
 ``stop``) and split into content chunks, one per word unless :attr:`FakeBehavior.chunks` says
 how many; at most ``max_tokens`` / ``max_completion_tokens`` chunks are sent (finish reason
 ``length``). Usage counts whitespace-separated words of every message as prompt tokens and
-content chunks as completion tokens.
+content chunks as completion tokens. A chat answer cut at a stop sequence names it in its
+choice's ``stop_reason``, as vLLM does; :attr:`FakeBehavior.thinking` and
+:attr:`FakeBehavior.tool_call` add ``reasoning_content`` (streamed word by word, before the
+content) and a tool call (streamed as its head, then its arguments in two fragments).
+
+With ``tokenizer="vllm"`` or ``"llama_cpp"`` it also serves that server's tokenizer endpoints
+(``/tokenize``, ``/apply-template``) at its root: :mod:`iop_edge.testing.fake_tokenizer`.
 
 Behaviour control and observation (:class:`~iop_edge.testing.fake_upstream.FakeBehavior`, the
 ``x-fake-behavior`` header, ``[[fake:...]]`` directives, counters and waits) live in
@@ -51,9 +62,10 @@ from iop_edge.testing.fake_behavior import (
     DIRECTIVE_PREFIX,
     FakeBehavior,
 )
+from iop_edge.testing.fake_messages import FakeMessagesUpstream
+from iop_edge.testing.fake_tokenizer import FakeTokenizer, FakeTokenizerRoutes
 from iop_edge.testing.fake_upstream import (
     FAKE_EMBEDDING_DIMENSIONS,
-    FakeUpstream,
     FakeUpstreamStatistics,
     RecordedRequest,
     RejectedRequest,
@@ -77,12 +89,16 @@ __all__ = [
 ]
 
 
-class FakeOpenAI(FakeUpstream):
-    """A fake OpenAI-compatible server (``/v1/chat/completions``, ``/v1/completions``, models).
+class FakeOpenAI(FakeMessagesUpstream, FakeTokenizerRoutes):
+    """A fake OpenAI-compatible server (``/v1/chat/completions``, ``/v1/completions``, models,
+    and Anthropic's ``/v1/messages`` unless ``serves_messages`` is false).
 
     ``api_key``, when set, must arrive as ``Authorization: Bearer <api_key>`` or the request
-    gets 401 ``invalid_api_key``, like the real API. See :class:`FakeUpstream` for behaviour
-    control and observation, and the module docstring for how replies are built.
+    gets 401 ``invalid_api_key``, like the real API (the Messages routes also take it as
+    ``x-api-key``). ``tokenizer`` is the tokenizer dialect it serves at its root
+    (:attr:`tokenizer`, reassignable; ``None``: none, both paths 404). See
+    :class:`~iop_edge.testing.fake_upstream.FakeUpstream` for behaviour control and observation,
+    and the module docstring for how replies are built.
     """
 
     _error_types: ClassVar[Mapping[int, str]] = {
@@ -99,11 +115,17 @@ class FakeOpenAI(FakeUpstream):
         models: Sequence[str] = ("fake-model",),
         strict_models: bool = False,
         api_key: str | None = None,
+        serves_messages: bool = True,
         record_limit: int = 1000,
         host: str = "127.0.0.1",
         port: int = 0,
+        tokenizer: FakeTokenizer | None = None,
     ) -> None:
         self.api_key = api_key
+        self.tokenizer = tokenizer
+        self.serves_messages = serves_messages
+        """Whether ``/v1/messages`` is served (fixed at construction: a chat-only server's
+        routes do not change)."""
         super().__init__(
             behavior=behavior,
             models=models,
@@ -124,6 +146,9 @@ class FakeOpenAI(FakeUpstream):
         router.add_post("/v1/completions", self._generation(self._completions))
         router.add_post("/v1/embeddings", self._generation(self._embeddings))
         router.add_get("/v1/models", self._models)
+        self._add_tokenizer_routes(router)
+        if self.serves_messages:
+            self._add_messages_routes(router)
 
     def _error_response(
         self, status: int, message: str, *, param: str | None = None, code: str | None = None
@@ -190,11 +215,18 @@ class FakeOpenAI(FakeUpstream):
             max_tokens=max_tokens,
             stop=body.get("stop"),
         )
-        usage = _usage(count_words(messages), len(pieces))
+        met = _matched_stop(
+            prompt if behavior.reply is None else behavior.reply, body.get("stop"), finish
+        )
+        thought = split_reply(behavior.thinking, None) if behavior.thinking else []
+        call = _tool_call(behavior.tool_call, self.total_requests) if finish == "stop" else None
+        if call is not None:
+            finish = "tool_calls"
+        usage = _usage(count_words(messages), len(pieces) + len(thought) + (call is not None))
         completion_id = f"chatcmpl-fake{self._next_id()}"
         created = int(time.time())
         if not body.get("stream"):
-            reply = {
+            reply: dict[str, Any] = {
                 "id": completion_id,
                 "object": "chat.completion",
                 "created": created,
@@ -214,6 +246,13 @@ class FakeOpenAI(FakeUpstream):
                 ],
                 "usage": usage,
             }
+            choice = reply["choices"][0]
+            if thought:
+                choice["message"]["reasoning_content"] = behavior.thinking
+            if call is not None:
+                choice["message"]["tool_calls"] = [call]
+            if met is not None:
+                choice["stop_reason"] = met
             return await self._body(
                 request, behavior, orjson.dumps(reply), content_type="application/json"
             )
@@ -225,12 +264,26 @@ class FakeOpenAI(FakeUpstream):
         )
         tail = b',"logprobs":null,"finish_reason":null}]' + _usage_null(include_usage) + b"}\n\n"
         frames = [head + b'{"role":"assistant","content":"","refusal":null}' + tail]
+        frames.extend(
+            head + b'{"reasoning_content":' + orjson.dumps(piece) + b"}" + tail for piece in thought
+        )
         frames.extend(head + b'{"content":' + orjson.dumps(piece) + b"}" + tail for piece in pieces)
+        if call is not None:
+            arguments = call["function"]["arguments"]
+            opened = {**call, "index": 0, "function": {**call["function"], "arguments": ""}}
+            frames.append(head + orjson.dumps({"tool_calls": [opened]}) + tail)
+            half = len(arguments) // 2  # (the arguments in two fragments, as servers stream)
+            for fragment in (arguments[:half], arguments[half:]):
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}
+                frames.append(head + orjson.dumps(delta) + tail)
+        stop_reason = b"" if met is None else b',"stop_reason":' + orjson.dumps(met)
         frames.append(
             head
             + b'{},"logprobs":null,"finish_reason":"'
             + finish.encode()
-            + b'"}]'
+            + b'"'
+            + stop_reason
+            + b"}]"
             + _usage_null(include_usage)
             + b"}\n\n"
         )
@@ -424,6 +477,28 @@ def _usage_frame(
         "usage": usage,
     }
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def _matched_stop(text: str, stop: object, finish: str) -> str | None:
+    """The stop sequence that cut ``text`` (reported as vLLM does, in the choice's
+    ``stop_reason``), if any cut it and the answer was not cut by its length first."""
+    if finish != "stop":
+        return None
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else ()
+    found = [(text.find(q), q) for q in stops if isinstance(q, str) and q and q in text]
+    return min(found)[1] if found else None
+
+
+def _tool_call(scripted: str | None, ordinal: int) -> dict[str, Any] | None:
+    """The chat tool call of :attr:`FakeBehavior.tool_call` (``NAME`` or ``NAME:{json}``)."""
+    if scripted is None:
+        return None
+    name, _, arguments = scripted.partition(":")
+    return {
+        "id": f"call_fake{ordinal}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments or "{}"},
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,28 +1,29 @@
-"""The edge's estimate for ``POST /v1/messages/count_tokens`` (the pure part).
+"""The edge's estimate of a request's input tokens: the chat form's, and ``count_tokens``'.
 
-The request is translated as for ``/v1/messages`` (``max_tokens`` not required), and its chat
-body counted with the edge's documented chat estimate — the formula of
-:func:`iop_edge.api.bodies.estimate_input_tokens`, ``ceil(B / 4) + 3 × M``, where ``B`` counts
-the UTF-8 bytes of the message contents (strings and text parts), names, tool-call arguments
-and the JSON of the tools, and ``M`` the messages — plus what a Messages request carries that
-the chat estimate does not weigh:
+One formula for every surface (the request path's admission estimate,
+:func:`iop_edge.api.bodies.estimate_input_tokens`, calls :func:`estimate_chat_tokens` for a
+chat body, so a Messages request is classed and checked against the context window exactly as
+``/v1/messages/count_tokens`` counts it): ``ceil(B / 4) + 3 × M + 1600 × I``, where ``B``
+counts the UTF-8 bytes of the message contents (strings and text parts), names, reasoning sent
+back in history (``reasoning_content``), tool-call arguments and the JSON of the tools, ``M``
+the messages and ``I`` the images:
 
-- **images**: :data:`IMAGE_TOKENS` each (Anthropic's own figure for an image at its largest
+- **images** count :data:`IMAGE_TOKENS` each (Anthropic's own figure for an image at its largest
   size, about 1.15 megapixels; the edge does not decode images, so every image counts at the
-  bound — an upper estimate);
-- **reasoning** sent back in history (``reasoning_content``): its bytes, like text.
+  bound — an upper estimate, which keeps a request of many images out of a general slot);
+- **reasoning** sent back in history counts like text: the upstream reads it.
 
 So the system prompt (the first message), every turn, the tool definitions, the tool calls and
-the tool results all count. The formula is a pure copy of the one in ``api/bodies.py`` rather
-than a call to it: that module belongs to the HTTP surface (it imports the model catalog), and
-this package may not import ``api/``. A test holds the two equal on chat bodies without images
-or reasoning, so they cannot drift apart.
+the tool results all count. ``count_tokens``' body is translated as for ``/v1/messages``
+(``max_tokens`` not required) and counted the same way (:func:`count_input_tokens`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Final
+
+import orjson
 
 from iop_edge.errors import RequestError
 from iop_edge.translate.messages_request import translate_request
@@ -72,13 +73,15 @@ def estimate_chat_tokens(chat: Mapping[str, Any]) -> int:
     tools = chat.get("tools")
     if tools:
         try:
-            total += len(dumps(tools))
-        except RecursionError:
-            raise RequestError(
-                "invalid_request_error",
-                "tools: the tool definitions are nested too deeply to count.",
-                param="tools",
-            ) from None
+            total += len(orjson.dumps(tools))
+        except orjson.JSONEncodeError as exc:
+            if "ecursion" in str(exc):  # (deeper than 254 levels: no upstream takes that)
+                raise RequestError(
+                    "invalid_request_error",
+                    "'tools' is nested too deeply (more than 254 levels).",
+                    param="tools",
+                ) from None
+            total += len(dumps(tools))  # (an integer beyond 64 bits, which json can write)
     return -(-total // 4) + PER_MESSAGE_TOKENS * len(messages) + IMAGE_TOKENS * images
 
 

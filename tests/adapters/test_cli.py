@@ -126,6 +126,35 @@ def test_prompt_rendering_conversation_is_role_blocks() -> None:
     )
 
 
+HISTORY_WITH_REASONING: list[dict[str, Any]] = [
+    {"role": "user", "content": "read the log"},
+    {
+        "role": "assistant",
+        "content": "It failed at step 3.",
+        "reasoning_content": "The log ends with an error at step 3.",
+    },
+    {"role": "user", "content": "and now?"},
+]
+
+
+def test_prompt_rendering_leaves_an_assistant_turns_reasoning_out() -> None:
+    """Issue 27: reasoning is never turned into text the agent reads as the assistant's."""
+    assert render_prompt(HISTORY_WITH_REASONING) == (
+        "user: read the log\n\nassistant: It failed at step 3.\n\nuser: and now?\n"
+    )
+
+
+async def test_reasoning_in_history_never_reaches_the_agent(sets: SetFactory) -> None:
+    """What the command reads (cat answers it back) has the turn's text and not its reasoning."""
+    executor = cli_set(sets, [], command="cat")
+    call = chat()
+    call.body["messages"] = HISTORY_WITH_REASONING
+    answer = reply_json(await executor.complete(call))["choices"][0]["message"]
+    assert answer["content"] == render_prompt(HISTORY_WITH_REASONING)
+    assert "The log ends" not in answer["content"]
+    assert "reasoning_content" not in answer
+
+
 async def test_shipped_config_cat_echoes_the_conversation() -> None:
     config = load_config((ROOT / "configs" / "edge.yaml").read_text())
     adapter_set = AdapterSet.from_payload(node_payload(config, "local"))
@@ -371,10 +400,22 @@ async def test_fields_a_cli_accepts_without_effect(sets: SetFactory) -> None:
         metadata={"k": "v"},
         max_tokens=10,
         thinking_token_budget=100,
+        reasoning_effort="high",
         temperature=None,
     )
     reply = reply_json(await executor.complete(call))
     assert reply["choices"][0]["message"]["content"] == "fine"
+
+
+async def test_a_reasoning_effort_ollama_would_refuse_is_refused_by_cli_too(
+    sets: SetFactory,
+) -> None:
+    """Every request cli honours, ollama honours too (so a mixed group's capable providers are
+    one of its scheduler groups)."""
+    executor = cli_set(sets, [])
+    with pytest.raises(UnsupportedRequestError) as caught:
+        await executor.complete(chat("x", reasoning_effort="extreme"))
+    assert caught.value.param == "reasoning_effort"
 
 
 async def test_completions_endpoint_is_an_invalid_request(sets: SetFactory) -> None:

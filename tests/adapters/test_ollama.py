@@ -21,7 +21,7 @@ from iop_edge.adapters import (
 from iop_edge.errors import AdapterError
 from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior, Fault
-from iop_edge.testing.fake_ollama import FakeOllama
+from iop_edge.testing.fake_ollama import FakeOllama, fake_thinking
 from iop_edge.testing.fake_upstream import fake_embedding
 from tests.helpers import pass_deadline
 from tests.helpers.adapters import (
@@ -327,7 +327,7 @@ async def test_completions_endpoint_is_an_invalid_request(
         ("parallel_tool_calls", False),
         ("functions", [{"name": "f"}]),
         ("modalities", ["text", "audio"]),
-        ("reasoning_effort", "high"),
+        ("reasoning_effort", "extreme"),
         ("top_k", 40),
     ],
 )
@@ -431,3 +431,120 @@ async def test_an_embed_answer_with_the_wrong_count_is_an_upstream_error(
         call = UpstreamCall("embeddings", {"model": "m", "input": ["a", "b"]}, "m", False, {}, "r")
         with pytest.raises(AdapterError, match="1 embeddings for 2 inputs"):
             await executor.complete(call)
+
+
+# -- issue 27: reasoning ------------------------------------------------------------------------
+
+
+async def test_reasoning_in_history_goes_back_as_the_messages_thinking(
+    executor: Executor, fake: FakeOllama
+) -> None:
+    """An assistant turn's reasoning_content is Ollama's message thinking: never lost, never
+    mixed into the content."""
+    call = chat("and now?")
+    call.body["messages"][:0] = [
+        {"role": "user", "content": "read the log"},
+        {
+            "role": "assistant",
+            "content": "It failed at step 3.",
+            "reasoning_content": "The log ends with an error at step 3.",
+        },
+    ]
+    await executor.complete(call)
+    sent = fake.requests[-1].json["messages"]
+    assert sent[1] == {
+        "role": "assistant",
+        "content": "It failed at step 3.",
+        "thinking": "The log ends with an error at step 3.",
+    }
+    assert all("thinking" not in m for m in (sent[0], sent[2]))
+
+
+async def test_reasoning_of_a_tool_calling_turn_is_kept_with_its_calls(
+    executor: Executor, fake: FakeOllama
+) -> None:
+    call = chat("go on")
+    call.body["messages"][:0] = [
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "I should list the files first.",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+    ]
+    await executor.complete(call)
+    sent = fake.requests[-1].json["messages"]
+    assert sent[0] == {
+        "role": "assistant",
+        "content": "",
+        "thinking": "I should list the files first.",
+        "tool_calls": [{"function": {"name": "ls", "arguments": {}}}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("effort", "think"),
+    [
+        ("none", False),
+        ("minimal", "low"),
+        ("low", "low"),
+        ("medium", "medium"),
+        ("high", "high"),
+        ("xhigh", "high"),
+        ("max", "high"),
+    ],
+)
+async def test_reasoning_effort_becomes_think(
+    executor: Executor, fake: FakeOllama, effort: str, think: bool | str
+) -> None:
+    await executor.complete(chat(reasoning_effort=effort))
+    assert fake.requests[-1].json["think"] == think
+
+
+@pytest.mark.parametrize(
+    ("fields", "think"),
+    [
+        ({"thinking_token_budget": 0}, False),
+        ({"thinking_token_budget": 2048}, True),
+        ({"thinking_token_budget": 0, "reasoning_effort": "high"}, False),
+        ({"thinking_token_budget": 2048, "reasoning_effort": "low"}, "low"),
+    ],
+)
+async def test_a_zero_thinking_budget_turns_thinking_off_and_a_positive_one_on(
+    executor: Executor, fake: FakeOllama, fields: dict[str, Any], think: bool | str
+) -> None:
+    """A budget of 0 wins over any effort; above 0 the effort's level, else on."""
+    await executor.complete(chat(**fields))
+    assert fake.requests[-1].json["think"] == think
+
+
+async def test_no_reasoning_field_leaves_think_to_the_model(
+    executor: Executor, fake: FakeOllama
+) -> None:
+    await executor.complete(chat())
+    assert "think" not in fake.requests[-1].json
+
+
+async def test_the_thinking_ollama_answers_comes_back_as_reasoning_content(
+    executor: Executor, fake: FakeOllama
+) -> None:
+    """Non-streamed in message.reasoning_content, streamed as reasoning_content deltas before
+    the content."""
+    reply = reply_json(await executor.complete(chat("why", reasoning_effort="high")))
+    message = reply["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == (fake_thinking("why"), "why")
+
+    frames = payloads(
+        await collect(
+            await executor.open_stream(chat("why", stream=True, thinking_token_budget=64))
+        )
+    )
+    deltas = [c["choices"][0]["delta"] for c in frames if isinstance(c, dict) and c["choices"]]
+    reasoning = [d["reasoning_content"] for d in deltas if d.get("reasoning_content")]
+    assert reasoning == [fake_thinking("why")]
+    first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
+    assert deltas.index({"reasoning_content": fake_thinking("why")}) < first_content
+    assert content_of(frames) == "why"

@@ -13,7 +13,7 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from iop_edge.adapters import AdapterSet, Executor, UpstreamCall, UpstreamReply, UpstreamStream
-from iop_edge.adapters.openai_compat import with_model
+from iop_edge.adapters.openai_format import with_model
 from iop_edge.adapters.relay import MAX_FRAME_BYTES
 from iop_edge.errors import AdapterError
 from iop_edge.testing.clock import FakeClock

@@ -53,6 +53,43 @@ def test_with_no_tokens_every_request_is_anonymous():
     auth = Authenticator(section())
     assert auth.open
     assert auth.authenticate(None) is ANONYMOUS
+    assert auth.authenticate_headers({"x-api-key": "a", "Authorization": "Bearer b"}) is ANONYMOUS
+
+
+def test_the_token_may_come_in_x_api_key_or_as_a_bearer_or_both_when_equal():
+    """Issue 27: what Anthropic's clients send (``ANTHROPIC_API_KEY``: ``x-api-key``;
+    ``ANTHROPIC_AUTH_TOKEN``: a bearer token); a header's name is case-insensitive in HTTP,
+    the request path hands its case-insensitive headers over."""
+    auth = Authenticator(
+        section(principal_tokens=[entry("chat", "tok-1"), entry("batch", "tok-2")])
+    )
+    assert auth.authenticate_headers({"x-api-key": " tok-2 "}).token_ref == "batch"
+    assert auth.authenticate_headers({"Authorization": "Bearer tok-1"}).token_ref == "chat"
+    both = {"Authorization": "Bearer tok-1", "x-api-key": "tok-1"}
+    assert auth.authenticate_headers(both).token_ref == "chat"
+    assert auth.authenticate_headers({"Authorization": "Bearer tok-1", "x-api-key": ""}).token_ref
+
+
+@pytest.mark.parametrize(
+    ("headers", "says"),
+    [
+        ({}, "Missing API key"),
+        ({"x-api-key": "tok-3"}, "Incorrect API key provided."),
+        ({"x-api-key": "tok-1\n"}, "The x-api-key header is malformed"),
+        ({"Authorization": "Bearer tok-2", "x-api-key": "tok-1"}, "hold different tokens"),
+        ({"Authorization": "Bearer tok-3", "x-api-key": "tok-1"}, "hold different tokens"),
+        ({"Authorization": "tok-1", "x-api-key": "tok-1"}, "The Authorization header holds no"),
+    ],
+)
+def test_a_missing_wrong_or_conflicting_x_api_key_is_invalid_api_key(headers, says):
+    auth = Authenticator(
+        section(principal_tokens=[entry("chat", "tok-1"), entry("batch", "tok-2")])
+    )
+    with pytest.raises(AuthError) as info:
+        auth.authenticate_headers(headers)
+    assert info.value.code == "invalid_api_key"
+    assert says in str(info.value)
+    assert "tok-" not in str(info.value)
 
 
 def test_provider_auth_forwards_the_source_header_as_the_target_header():

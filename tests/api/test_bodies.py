@@ -41,7 +41,7 @@ def chat(*contents: str, **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": c} for c in contents], **extra}
 
 
-def test_token_estimate_is_a_quarter_of_the_utf8_bytes_plus_3_per_message():
+def test_token_estimate_is_a_quarter_of_the_utf8_bytes_plus_3_per_message_and_1600_per_image():
     assert estimate_input_tokens(chat("abcd" * 10), "chat/completions") == 10 + 3
     assert estimate_input_tokens(chat("a"), "chat/completions") == 1 + 3
     # Korean: 3 bytes per syllable → 0.75 token per character
@@ -58,7 +58,7 @@ def test_token_estimate_is_a_quarter_of_the_utf8_bytes_plus_3_per_message():
             }
         ],
     }
-    assert estimate_input_tokens(parts, "chat/completions") == 2 + 3
+    assert estimate_input_tokens(parts, "chat/completions") == 2 + 3 + 1600
     assert estimate_input_tokens({"prompt": ["abcd", "efgh"]}, "completions") == 2
 
 

@@ -137,3 +137,53 @@ def test_the_known_principals_are_the_tokens_and_principals_or_anonymous():
     assert pool_policy(load(doc)).principals == ("app", "batch")
     doc["provider_pool"] = {"fair_share": "token", "principals": [{"ref": "t-3"}]}
     assert pool_policy(load(doc)).principals == ("t-1", "t-2", "t-3")
+
+
+def test_an_alias_resolves_to_its_groups_own_entry_and_is_listed_after_it():
+    """Issue 27: one entry (so one scheduler group and one set of providers) under every name;
+    each alias listed as a model of its own, with the time this process first loaded it."""
+    now = [1000.0]
+    times = LoadTimes(lambda: now[0])
+    build_catalog(load(mixed_doc()), created=times)
+    now[0] = 2000.0
+    doc = mixed_doc()
+    doc["models"][0]["aliases"] = ["claude-sonnet", "gpt-4o"]
+    catalog = build_catalog(load(doc), created=times)
+    assert catalog.models["claude-sonnet"] is catalog.models["chat"]
+    assert catalog.models["gpt-4o"].id == "chat"
+    assert catalog.models["chat"].aliases == ("claude-sonnet", "gpt-4o")
+    listing = orjson.loads(catalog.models_body)["data"]
+    assert [(m["id"], m["created"], m.get("display_name")) for m in listing] == [
+        ("chat", 1000, "Chat"),
+        ("claude-sonnet", 2000, "Chat"),
+        ("gpt-4o", 2000, "Chat"),
+        ("echo", 1000, None),
+        ("legacy", 1000, None),
+    ]
+    anthropic = orjson.loads(catalog.model_body("gpt-4o", anthropic=True) or b"")
+    assert (anthropic["id"], anthropic["created_at"]) == ("gpt-4o", "1970-01-01T00:33:20Z")
+
+
+def test_an_allow_list_naming_any_name_of_a_group_permits_all_of_its_names():
+    doc = mixed_doc()
+    doc["models"][0]["aliases"] = ["claude-sonnet"]
+    doc["provider_pool"] = {
+        "principals": [
+            {"ref": "by-id", "models": ["chat"]},
+            {"ref": "by-alias", "models": ["claude-sonnet", "legacy"]},
+        ]
+    }
+    doc["openai"]["principal_tokens"] = [
+        {"token_ref": ref, "token_hash_sha256": f"{n}" * 64, "principal_ref": ref}
+        for n, ref in enumerate(["by-id", "by-alias"], start=1)
+    ]
+    catalog = build_catalog(load(doc))
+    assert catalog.allowed == {
+        "by-id": {"chat", "claude-sonnet"},
+        "by-alias": {"chat", "claude-sonnet", "legacy"},
+    }
+    assert catalog.permits("by-id", "claude-sonnet")
+    assert not catalog.permits("by-id", "echo")
+    assert catalog.permits("anyone-else", "echo")  # (no allow-list: everything)
+    listed = orjson.loads(catalog.anthropic_page("by-alias"))
+    assert [m["id"] for m in listed["data"]] == ["chat", "claude-sonnet", "legacy"]

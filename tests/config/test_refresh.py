@@ -416,6 +416,7 @@ EXECUTION = [
     ("output_format", "json"),
     ("context_size", 4096),
     ("request_timeout_ms", 1000),
+    ("native_apis", ["messages"]),
 ]
 RESTART += [
     (

@@ -796,5 +796,5 @@ def test_a_model_allow_list_names_model_or_route_ids():
     doc = with_tokens(base_doc(), "team-a")
     doc["provider_pool"]["principals"] = [{"ref": "team-a", "models": ["chat", "caht"]}]
     message = problem_at(doc, "provider_pool.principals[team-a].models")
-    assert message.startswith("'caht' is no model id or route id")
+    assert message.startswith("'caht' is no model id, alias or route id")
     assert "did you mean 'chat'?" in message

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anthropic
 import openai
 
 from iop_edge.config import parse_config
@@ -151,3 +154,16 @@ def principals_doc(fake: FakeOpenAI, capacity: int = 1) -> dict[str, Any]:
         for ref, raw in TOKENS.items()
     ]
     return doc
+
+
+def anthropic_client(daemon: Daemon, token: str = TOKEN) -> anthropic.AsyncAnthropic:
+    """An ``anthropic`` SDK client of ``daemon`` holding ``token`` as ``ANTHROPIC_API_KEY``
+    does (``x-api-key``), without retries."""
+    base = daemon.openai_url.removesuffix("/v1")
+    return anthropic.AsyncAnthropic(base_url=base, api_key=token, max_retries=0)
+
+
+def request_lines(log: io.StringIO) -> list[dict[str, Any]]:
+    """The request lines the edge has logged to ``log`` (JSON), in order."""
+    lines = (json.loads(line) for line in log.getvalue().splitlines() if line.strip())
+    return [line for line in lines if line.get("event") == "request"]

@@ -52,12 +52,21 @@ _tools = st.lists(
 
 
 @given(messages=_messages, tools=_tools)
-def test_the_estimate_is_the_chat_estimate_of_api_bodies_on_text(messages, tools):
-    """The formula is a copy (the pure core may not import api/): it must not drift."""
+def test_admission_estimates_a_chat_body_with_the_same_formula(messages, tools):
+    """One formula: a Messages request is classed and checked at admission exactly as
+    count_tokens counts it."""
     chat: dict[str, Any] = {"model": "m", "messages": messages}
     if tools:
         chat["tools"] = tools
     assert estimate_chat_tokens(chat) == estimate_input_tokens(chat, "chat/completions")
+
+
+def test_an_image_counts_toward_the_admission_estimate_of_a_chat_request():
+    """Before, an image counted as nothing at admission: a request of many images could take
+    a general slot and pass the context check."""
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    chat = {"model": "m", "messages": [{"role": "user", "content": [image, image]}]}
+    assert estimate_input_tokens(chat, "chat/completions") == 2 * IMAGE_TOKENS + 3
 
 
 def test_images_count_a_fixed_figure_and_reasoning_counts_as_text():
