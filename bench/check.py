@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import ROOT, ProcessSet, Target, have_taskset, start_fake
+from peers import MODEL, ROOT, ProcessSet, Target, have_taskset, start_fake
 from proxy_bench import RESULTS, Bench, meta
 from proxy_bench import parse_options as proxy_bench_options
 from regression import (
@@ -153,12 +153,25 @@ class ForeignLoad:
         return {name: round(max(0.0, value) / wall * 100, 1) for name, value in foreign.items()}
 
 
-def _measure_cell(bench: Bench, target: Target, stream: bool, concurrency: int) -> dict[str, Any]:
-    """One cell, checked; measured once more when the machine stalled through its window."""
-    label = f"{target.name} {'stream' if stream else 'plain'} c={concurrency}"
+def measure_cell(
+    bench: Bench,
+    target: Target,
+    stream: bool,
+    concurrency: int,
+    *,
+    api: str = "chat",
+    model: str = MODEL,
+    label: str | None = None,
+) -> dict[str, Any]:
+    """One cell, checked (:class:`BrokenRun` when a request failed or no CPU was measured);
+    measured once more when the machine stalled through its window. ``label`` names the cell
+    in errors (default: the target, mode and concurrency)."""
+    label = label or f"{target.name} {'stream' if stream else 'plain'} c={concurrency}"
     for attempt in (1, 2):
         try:
-            cell = bench.measure(target, stream=stream, concurrency=concurrency)
+            cell = bench.measure(
+                target, stream=stream, concurrency=concurrency, api=api, model=model
+            )
         except (RuntimeError, OSError, ValueError) as exc:
             raise BrokenRun(f"{label}: the load generator failed: {exc}") from exc
         except subprocess.TimeoutExpired as exc:
@@ -239,7 +252,7 @@ def measure(options: argparse.Namespace) -> dict[str, Any]:
                         names.reverse()
                     measured = {}
                     for name in names:
-                        cell = _measure_cell(bench, targets[name], stream, concurrency)
+                        cell = measure_cell(bench, targets[name], stream, concurrency)
                         samples.setdefault((stream, concurrency, name), []).append(cell)
                         measured[name] = cell
                     print(_progress(round_index, options.rounds, stream, concurrency, measured))
