@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -134,8 +135,10 @@ class ForeignLoad:
             total += usage.ru_utime + usage.ru_stime
         return total
 
-    def percent(self) -> dict[str, float]:
-        """Other work per core, in % of that core over the run (call after every process ended)."""
+    def percent(self, running: Mapping[int, float] | None = None) -> dict[str, float]:
+        """Other work per core, in % of that core over the run (call after every process ended,
+        or name in ``running`` the CPU seconds that this run's processes still running used
+        on each core since this object was made)."""
         if self.proxy_core is None or self.load_core is None:
             return {}
         wall = time.monotonic() - self.started
@@ -145,10 +148,14 @@ class ForeignLoad:
             return {}
         used = {core: (busy[core] - self.busy.get(core, 0)) / tick for core in busy}
         own_total = self._own_cpu() - self.own
+        running = running or {}
         foreign = {
-            f"core {self.proxy_core} (targets)": used[self.proxy_core] - self.targets_cpu,
+            f"core {self.proxy_core} (targets)": used[self.proxy_core]
+            - self.targets_cpu
+            - running.get(self.proxy_core, 0.0),
             f"core {self.load_core} (upstream, load)": used[self.load_core]
-            - (own_total - self.targets_cpu),
+            - (own_total - self.targets_cpu)
+            - running.get(self.load_core, 0.0),
         }
         return {name: round(max(0.0, value) / wall * 100, 1) for name, value in foreign.items()}
 
