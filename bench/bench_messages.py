@@ -69,7 +69,7 @@ from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from check import BrokenRun, ForeignLoad, measure_cell
+from check import BrokenRun, ForeignLoad, git_rev, measure_cell
 from peers import (
     MODEL,
     NATIVE_MODEL,
@@ -409,6 +409,7 @@ def measure(options: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
         )
     info.update(
         command=" ".join(["bench/bench_messages.py", *options.argv]),
+        git_rev=git_rev(),
         upstream="iop_edge.testing.fake_openai --behavior chunks=16 (chat and native Messages)",
         load_generator="bench/loadgen.py --engine python (--api chat | messages)",
         rounds=len(kept),

@@ -320,7 +320,9 @@ def _progress(
     return text
 
 
-def _git_rev() -> str | None:
+def git_rev() -> str | None:
+    """The checkout's revision (``+uncommitted`` when tracked files changed), or None."""
+
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=ROOT)
         return done.stdout.strip()
@@ -339,7 +341,7 @@ def _meta(
     return {
         "command": " ".join(["bench/check.py", *options.argv]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "git_rev": _git_rev(),
+        "git_rev": git_rev(),
         "cpu": info["cpu"],
         "cores": info["cores"],
         "kernel": platform.release(),
