@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -41,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import ROOT, ProcessSet, Target, have_taskset, start_fake
+from peers import MODEL, ROOT, ProcessSet, Target, have_taskset, start_fake
 from proxy_bench import RESULTS, Bench, meta
 from proxy_bench import parse_options as proxy_bench_options
 from regression import (
@@ -134,8 +135,10 @@ class ForeignLoad:
             total += usage.ru_utime + usage.ru_stime
         return total
 
-    def percent(self) -> dict[str, float]:
-        """Other work per core, in % of that core over the run (call after every process ended)."""
+    def percent(self, running: Mapping[int, float] | None = None) -> dict[str, float]:
+        """Other work per core, in % of that core over the run (call after every process ended,
+        or name in ``running`` the CPU seconds that this run's processes still running used
+        on each core since this object was made)."""
         if self.proxy_core is None or self.load_core is None:
             return {}
         wall = time.monotonic() - self.started
@@ -145,20 +148,37 @@ class ForeignLoad:
             return {}
         used = {core: (busy[core] - self.busy.get(core, 0)) / tick for core in busy}
         own_total = self._own_cpu() - self.own
+        running = running or {}
         foreign = {
-            f"core {self.proxy_core} (targets)": used[self.proxy_core] - self.targets_cpu,
+            f"core {self.proxy_core} (targets)": used[self.proxy_core]
+            - self.targets_cpu
+            - running.get(self.proxy_core, 0.0),
             f"core {self.load_core} (upstream, load)": used[self.load_core]
-            - (own_total - self.targets_cpu),
+            - (own_total - self.targets_cpu)
+            - running.get(self.load_core, 0.0),
         }
         return {name: round(max(0.0, value) / wall * 100, 1) for name, value in foreign.items()}
 
 
-def _measure_cell(bench: Bench, target: Target, stream: bool, concurrency: int) -> dict[str, Any]:
-    """One cell, checked; measured once more when the machine stalled through its window."""
-    label = f"{target.name} {'stream' if stream else 'plain'} c={concurrency}"
+def measure_cell(
+    bench: Bench,
+    target: Target,
+    stream: bool,
+    concurrency: int,
+    *,
+    api: str = "chat",
+    model: str = MODEL,
+    label: str | None = None,
+) -> dict[str, Any]:
+    """One cell, checked (:class:`BrokenRun` when a request failed or no CPU was measured);
+    measured once more when the machine stalled through its window. ``label`` names the cell
+    in errors (default: the target, mode and concurrency)."""
+    label = label or f"{target.name} {'stream' if stream else 'plain'} c={concurrency}"
     for attempt in (1, 2):
         try:
-            cell = bench.measure(target, stream=stream, concurrency=concurrency)
+            cell = bench.measure(
+                target, stream=stream, concurrency=concurrency, api=api, model=model
+            )
         except (RuntimeError, OSError, ValueError) as exc:
             raise BrokenRun(f"{label}: the load generator failed: {exc}") from exc
         except subprocess.TimeoutExpired as exc:
@@ -239,7 +259,7 @@ def measure(options: argparse.Namespace) -> dict[str, Any]:
                         names.reverse()
                     measured = {}
                     for name in names:
-                        cell = _measure_cell(bench, targets[name], stream, concurrency)
+                        cell = measure_cell(bench, targets[name], stream, concurrency)
                         samples.setdefault((stream, concurrency, name), []).append(cell)
                         measured[name] = cell
                     print(_progress(round_index, options.rounds, stream, concurrency, measured))
@@ -300,7 +320,9 @@ def _progress(
     return text
 
 
-def _git_rev() -> str | None:
+def git_rev() -> str | None:
+    """The checkout's revision (``+uncommitted`` when tracked files changed), or None."""
+
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=ROOT)
         return done.stdout.strip()
@@ -319,7 +341,7 @@ def _meta(
     return {
         "command": " ".join(["bench/check.py", *options.argv]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "git_rev": _git_rev(),
+        "git_rev": git_rev(),
         "cpu": info["cpu"],
         "cores": info["cores"],
         "kernel": platform.release(),

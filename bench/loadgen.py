@@ -1,13 +1,17 @@
-"""Closed-loop HTTP load generator for OpenAI chat completions; prints one JSON object.
+"""Closed-loop HTTP load generator for OpenAI chat completions (or Anthropic Messages); prints
+one JSON object.
 
 ``--concurrency N`` workers share one keep-alive aiohttp session (uvloop) and each sends
 ``POST {base_url}/chat/completions`` back to back for ``--warmup`` + ``--duration`` seconds.
 Only requests that start after the warm-up and finish before the end of the window count.
+``--api messages`` sends ``POST {base_url}/messages`` instead (Anthropic's body, the same prompt
+and ``max_tokens``; the token as ``x-api-key``, with ``anthropic-version``).
 
 A request succeeds only when the status is 200 and the body is complete: for a non-streaming
-request a JSON object with ``choices``; for a stream, no ``data: {"error"...`` event and an end
-in ``data: [DONE]``. Anything else is an error, counted by kind (``http_502``, ``bad_body``,
-``stream_error_event``, ``stream_truncated``, ``disconnected``, ``timeout``, ...).
+request a JSON object with ``choices`` (Messages: ``content``); for a stream, no ``data:
+{"error"...`` event (Messages: no ``event: error``) and an end in ``data: [DONE]`` (Messages:
+the ``message_stop`` event). Anything else is an error, counted by kind (``http_502``,
+``bad_body``, ``stream_error_event``, ``stream_truncated``, ``disconnected``, ``timeout``, ...).
 
 Latency is the time to the full response (non-streaming) or the end of the stream (streaming);
 ``ttfb`` is the time to the response headers (non-streaming) or the first body chunk
@@ -48,8 +52,31 @@ from typing import Any
 import aiohttp
 import orjson
 
-_DONE_TAIL = b"data: [DONE]\n\n"
-_ERROR_EVENT = b'data: {"error"'
+
+@dataclass(frozen=True)
+class ApiRules:
+    """What one API's requests look like and what makes an answer complete."""
+
+    path: str
+    """Appended to ``--base-url``."""
+    stream_end: bytes
+    """How a complete stream ends."""
+    error_mark: bytes
+    """Bytes that only an error event carries."""
+    body_key: str
+    """A key a complete non-streamed answer has, with a non-empty value."""
+
+
+APIS: dict[str, ApiRules] = {
+    "chat": ApiRules("/chat/completions", b"data: [DONE]\n\n", b'data: {"error"', "choices"),
+    "messages": ApiRules(
+        "/messages",
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+        b"event: error\n",
+        "content",
+    ),
+}
+ANTHROPIC_VERSION = "2023-06-01"
 PROMPT = (
     "Summarise the admission policy of an edge proxy in one sentence for the operators of a "
     "small shared GPU cluster, please."
@@ -99,14 +126,16 @@ def _error_kind(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-async def _one_request(
+async def one_request(
     session: aiohttp.ClientSession,
     url: str,
     body: bytes,
     headers: dict[str, str],
     stream: bool,
+    rules: ApiRules,
 ) -> tuple[str | None, float | None, str]:
-    """Send one request; return (error kind or None, ttfb seconds, detail for the first error)."""
+    """Send one request; return (error kind or None, ttfb seconds, detail for the first error),
+    the answer judged by ``rules`` (see the module docstring)."""
     started = time.perf_counter()
     async with session.post(url, data=body, headers=headers) as response:
         ttfb: float | None = time.perf_counter() - started
@@ -119,19 +148,20 @@ async def _one_request(
                 parsed = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 return "bad_body", ttfb, raw[:300].decode(errors="replace")
-            if not isinstance(parsed, dict) or not parsed.get("choices"):
+            if not isinstance(parsed, dict) or not parsed.get(rules.body_key):
                 return "bad_body", ttfb, raw[:300].decode(errors="replace")
             return None, ttfb, ""
         ttfb = None
         tail = b""
+        keep = len(rules.stream_end) + 16
         async for chunk in response.content.iter_any():
             if ttfb is None:
                 ttfb = time.perf_counter() - started
             window = tail + chunk
-            if _ERROR_EVENT in window:
+            if rules.error_mark in window:
                 return "stream_error_event", ttfb, window[-300:].decode(errors="replace")
-            tail = window[-32:]
-        if not tail.endswith(_DONE_TAIL):
+            tail = window[-keep:]
+        if not tail.endswith(rules.stream_end):
             return "stream_truncated", ttfb, tail.decode(errors="replace")
         return None, ttfb, ""
 
@@ -142,6 +172,7 @@ async def _worker(
     body: bytes,
     headers: dict[str, str],
     stream: bool,
+    rules: ApiRules,
     window: tuple[float, float],
     stats: WorkerStats,
 ) -> None:
@@ -151,7 +182,7 @@ async def _worker(
         if started >= end_window:
             return
         try:
-            kind, ttfb, detail = await _one_request(session, url, body, headers, stream)
+            kind, ttfb, detail = await one_request(session, url, body, headers, stream, rules)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             kind, ttfb, detail = _error_kind(exc), None, repr(exc)
         finished = time.perf_counter()
@@ -170,8 +201,10 @@ async def _worker(
                 await asyncio.sleep(0.01)  # do not spin on a dead target
 
 
-def _request_parts(options: argparse.Namespace, prompt: str) -> tuple[str, bytes, dict[str, str]]:
-    url = options.base_url.rstrip("/") + "/chat/completions"
+def request_parts(options: argparse.Namespace, prompt: str) -> tuple[str, bytes, dict[str, str]]:
+    """The URL, body and headers of the request ``options`` describe, asking for ``prompt``."""
+    url = options.base_url.rstrip("/") + APIS[options.api].path
+    # The same body for both APIs: Messages' form of this one user message is chat's.
     payload: dict[str, Any] = {
         "model": options.model,
         "messages": [{"role": "user", "content": prompt}],
@@ -180,14 +213,18 @@ def _request_parts(options: argparse.Namespace, prompt: str) -> tuple[str, bytes
     if options.stream:
         payload["stream"] = True
     headers = {"Content-Type": "application/json"}
-    if options.token:
+    if options.api == "messages":
+        headers["anthropic-version"] = ANTHROPIC_VERSION
+        if options.token:
+            headers["x-api-key"] = options.token  # what ANTHROPIC_API_KEY sends
+    elif options.token:
         headers["Authorization"] = f"Bearer {options.token}"
     return url, orjson.dumps(payload), headers
 
 
 async def run_load(options: argparse.Namespace) -> dict[str, Any]:
     """Run the closed loop and return the summary."""
-    url, body, headers = _request_parts(options, PROMPT)
+    url, body, headers = request_parts(options, PROMPT)
     connector = aiohttp.TCPConnector(limit=options.concurrency, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=options.request_timeout)
     stats = WorkerStats()
@@ -198,7 +235,11 @@ async def run_load(options: argparse.Namespace) -> dict[str, Any]:
         now = time.perf_counter()
         window = (now + options.warmup, now + options.warmup + options.duration)
         workers = [
-            asyncio.create_task(_worker(session, url, body, headers, options.stream, window, stats))
+            asyncio.create_task(
+                _worker(
+                    session, url, body, headers, options.stream, APIS[options.api], window, stats
+                )
+            )
             for _ in range(options.concurrency)
         ]
         # Bounded: each worker stops issuing at the window end; one request may still run.
@@ -214,6 +255,7 @@ async def run_load(options: argparse.Namespace) -> dict[str, Any]:
     errors_total = sum(stats.errors.values())
     return {
         "engine": "python",
+        "api": options.api,
         "url": url,
         "stream": options.stream,
         "concurrency": options.concurrency,
@@ -299,7 +341,7 @@ def _wrk_once(
 
 def run_wrk(options: argparse.Namespace) -> dict[str, Any]:
     """Run the load with wrk (see the module docstring) and return the same summary."""
-    url, body, headers = _request_parts(options, PROMPT)
+    url, body, headers = request_parts(options, PROMPT)
     lua_headers = ", ".join(f"[{_lua_string(k)}] = {_lua_string(v)}" for k, v in headers.items())
     script_text = (
         f"BODY = {_lua_string(body.decode())}\nHEADERS = {{{lua_headers}}}\n"
@@ -334,6 +376,7 @@ def run_wrk(options: argparse.Namespace) -> dict[str, Any]:
     ok = main["ok"]
     return {
         "engine": "wrk",
+        "api": options.api,
         "url": url,
         "stream": options.stream,
         "concurrency": options.concurrency,
@@ -353,7 +396,7 @@ def run_wrk(options: argparse.Namespace) -> dict[str, Any]:
 
 async def park(options: argparse.Namespace) -> None:
     """Open ``--park`` requests that wait in the target's queue; hold them until told to stop."""
-    url, body, headers = _request_parts(options, "[[fake:hold=true]] park this request")
+    url, body, headers = request_parts(options, "[[fake:hold=true]] park this request")
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None)
     stop = asyncio.Event()
@@ -404,6 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
     parser.add_argument("--stream", action="store_true", help="ask for SSE streaming")
+    parser.add_argument(
+        "--api",
+        choices=tuple(APIS),
+        default="chat",
+        help="chat: /chat/completions; messages: Anthropic's /messages",
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--request-timeout", type=float, default=30.0, help="seconds")
     parser.add_argument(
@@ -418,6 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     options = build_parser().parse_args(argv)
     if options.concurrency < 1 or options.duration <= 0 or options.warmup < 0:
         print("loadgen: need --concurrency >= 1, --duration > 0, --warmup >= 0", file=sys.stderr)
+        return 2
+    if options.engine == "wrk" and options.api != "chat":
+        # wrk's Lua body checks know chat's stream only
+        print("loadgen: --engine wrk sends chat only; use --engine python", file=sys.stderr)
         return 2
     try:
         import uvloop

@@ -45,6 +45,9 @@ LITELLM_VENV = BENCH / ".venv-litellm"
 LITELLM_BIN = LITELLM_VENV / "bin" / "litellm"
 MODEL = "bench-model"
 """The model name every target is asked for (an iop-edge model group, a LiteLLM model_name)."""
+NATIVE_MODEL = "bench-native"
+"""The model group of :func:`edge_config`'s ``native_group``: a provider that passes Anthropic
+Messages through (``native_apis: [messages]``)."""
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -334,12 +337,16 @@ def edge_config(
     capacity: int = 1024,
     max_queue: int = 100_000,
     held_group: bool = False,
+    native_group: bool = False,
 ) -> dict[str, Any]:
     """An iop-edge config: ``providers`` openai_compat providers on the fake, in group MODEL.
 
     Auth is on (one principal token), metrics on (on a free port; the listener may not exist
     yet), the console off. ``held_group`` adds a model group ``bench-held`` served by one
     provider of capacity 1 on the same upstream, used to park pending requests in the queue.
+    ``native_group`` adds the group :data:`NATIVE_MODEL`: one provider like the others on the
+    same upstream (target MODEL) but with ``native_apis: [messages]``, so that a Messages
+    request to it is passed through where one to MODEL is translated to chat.
     """
     provider_ids = [f"p{index:04d}" for index in range(providers)]
     provider_entries: list[dict[str, Any]] = [
@@ -372,6 +379,25 @@ def edge_config(
                 "id": "bench-held",
                 "context_window_tokens": 131072,
                 "providers": [{"id": "held", "target": MODEL}],
+            }
+        )
+    if native_group:
+        provider_entries.append(
+            {
+                "id": "native",
+                "type": "openai_compat",
+                "category": "local_inference",
+                "adapter": "fake",
+                "models": [MODEL],
+                "capacity": capacity,
+                "native_apis": ["messages"],
+            }
+        )
+        models.append(
+            {
+                "id": NATIVE_MODEL,
+                "context_window_tokens": 131072,
+                "providers": [{"id": "native", "target": MODEL}],
             }
         )
     return {

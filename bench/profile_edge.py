@@ -14,6 +14,12 @@ without a browser.
 each (a sample is 1/rate s of a running thread), and iop-edge's µs per request under its own
 functions, by the innermost one: where its extra CPU goes.
 
+``--api messages`` sends Anthropic Messages instead (issue 27), translated to chat by the edge,
+or with ``--native`` passed through (the config's provider then has ``native_apis:
+[messages]``); files ``profile-<mode>-c<N>-messages[-native].*``. ``--compare-chat`` compares
+with iop-edge under chat load (``profile-<mode>-c<N>-chat.*``) instead of the pass-through:
+where the Messages surface's extra CPU goes.
+
 py-spy is not a project dependency: ``.venv/bin/pip install py-spy`` first. It needs ptrace
 (root, or ``kernel.yama.ptrace_scope`` 0).
 
@@ -21,6 +27,7 @@ Usage::
 
     .venv/bin/python bench/profile_edge.py --mode stream -c 16 --duration 15
     .venv/bin/python bench/profile_edge.py --mode plain -c 16 --duration 10 --compare
+    .venv/bin/python bench/profile_edge.py --mode stream --api messages --duration 10 --compare-chat
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import (
     BENCH,
     MODEL,
+    NATIVE_MODEL,
     ProcessSet,
     edge_config,
     free_port,
@@ -86,19 +94,27 @@ def _short(frame: str) -> str:
 
 
 def profile(
-    target_name: str, options: argparse.Namespace, py_spy: str, workdir: Path
+    target_name: str, options: argparse.Namespace, py_spy: str, workdir: Path, api: str = "chat"
 ) -> tuple[Path, float]:
-    """Sample one target under load; its collapsed stacks and the requests per sampled second."""
+    """Sample one target under load (``api``: what the load sends, chat or Anthropic
+    Messages); its collapsed stacks and the requests per sampled second."""
     stem = options.output / f"profile-{options.mode}-c{options.concurrency}"
     if target_name == "passthrough":
         stem = stem.with_name(stem.name + "-passthrough")
+    if api == "messages":
+        stem = stem.with_name(stem.name + ("-messages-native" if options.native else "-messages"))
+    elif options.compare_chat:
+        stem = stem.with_name(stem.name + "-chat")  # the reference of a Messages profile
+    model = NATIVE_MODEL if api == "messages" and options.native else MODEL
     with ProcessSet() as processes:
         fake = start_fake(processes, workdir, None)
         token, digest = new_principal_token()
         if target_name == "passthrough":
             target = start_passthrough(processes, workdir, None, fake.base_url)
         else:
-            config = edge_config(fake.base_url, port=free_port(), token_hash=digest)
+            config = edge_config(
+                fake.base_url, port=free_port(), token_hash=digest, native_group=options.native
+            )
             target = start_edge(processes, workdir, None, config, token)
         assert target.process is not None
         assert target.process.popen is not None
@@ -108,7 +124,9 @@ def profile(
             "--base-url",
             target.base_url,
             "--model",
-            MODEL,
+            model,
+            "--api",
+            api,
             "--token",
             token,
             "-c",
@@ -196,14 +214,32 @@ def main(argv: list[str] | None = None) -> int:
         help="also profile bench/passthrough.py under the same load and list, per function, "
         "the sampled µs per request in each",
     )
+    parser.add_argument(
+        "--api",
+        choices=("chat", "messages"),
+        default="chat",
+        help="the load: chat completions, or Anthropic Messages (translated unless --native)",
+    )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="with --api messages: a provider with native_apis: [messages] (passthrough)",
+    )
+    parser.add_argument(
+        "--compare-chat",
+        action="store_true",
+        help="with --api messages: compare with iop-edge under chat load (not the pass-through)",
+    )
     options = parser.parse_args(argv)
+    if options.compare_chat and options.api != "messages":
+        parser.error("--compare-chat compares Messages with chat: it needs --api messages")
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
         print("py-spy is not installed: .venv/bin/pip install py-spy", file=sys.stderr)
         return 2
     options.output.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="iop-profile-") as tmp:
-        collapsed, rps = profile("iop-edge", options, py_spy, Path(tmp))
+        collapsed, rps = profile("iop-edge", options, py_spy, Path(tmp), options.api)
         inclusive, own = shares(collapsed, options.top)
         print(f"# {options.mode}, c={options.concurrency}: {collapsed.with_suffix('.svg')}\n")
         print("| inclusive % | function |\n| ---: | --- |")
@@ -212,16 +248,21 @@ def main(argv: list[str] | None = None) -> int:
         print("\n| self % | function |\n| ---: | --- |")
         for name, pct in own:
             print(f"| {pct:.1f} | {name} |")
-        if not options.compare:
+        if not (options.compare or options.compare_chat):
             return 0
-        other, other_rps = profile("passthrough", options, py_spy, Path(tmp))
+        if options.compare_chat:
+            other, other_rps = profile("iop-edge", options, py_spy, Path(tmp), "chat")
+        else:
+            other, other_rps = profile("passthrough", options, py_spy, Path(tmp), options.api)
+    this = "iop-edge" if options.api == "chat" else "Messages"
+    that = "chat" if options.compare_chat else "pass-through"
     edge_total, edge_by = per_request(collapsed, options, rps)
     pass_total, pass_by = per_request(other, options, other_rps)
     print(
-        f"\n# sampled µs per request: iop-edge {edge_total:.0f} ({rps:.0f} req/s), "
-        f"pass-through {pass_total:.0f} ({other_rps:.0f} req/s)\n"
+        f"\n# sampled µs per request: {this} {edge_total:.0f} ({rps:.0f} req/s), "
+        f"{that} {pass_total:.0f} ({other_rps:.0f} req/s)\n"
     )
-    print("| iop-edge µs | pass-through µs | difference | function (inclusive) |")
+    print(f"| {this} µs | {that} µs | difference | function (inclusive) |")
     print("| ---: | ---: | ---: | --- |")
     names = set(edge_by) | set(pass_by)
     ranked = sorted(names, key=lambda n: -abs(edge_by[n] - pass_by[n]))[: options.top]

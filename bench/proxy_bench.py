@@ -126,8 +126,10 @@ class Bench:
         concurrency: int,
         model: str = MODEL,
         duration: float | None = None,
+        api: str = "chat",
     ) -> dict[str, Any]:
-        """Run the load generator once against ``target`` and return the cell."""
+        """Run the load generator once against ``target`` and return the cell (``api``: what
+        ``bench/loadgen.py --api`` sends, chat completions or Anthropic Messages)."""
         duration = duration if duration is not None else self.options.duration
         warmup = self.options.warmup
         argv = [
@@ -145,6 +147,8 @@ class Bench:
             str(warmup),
             "--engine",
             self.options.engine,
+            "--api",
+            api,
         ]
         if stream:
             argv.append("--stream")

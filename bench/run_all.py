@@ -2,7 +2,8 @@
 
 The proxy benchmark runs first, and its headline table (iop-edge's CPU per request against the
 bare pass-through's, and the added p50) is printed again at the end, so it is what the run
-leaves on the screen.
+leaves on the screen; so is that of the Messages benchmark (``bench_messages.py``: Anthropic
+Messages, translated and passed through, against chat on the same provider).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ def scripts() -> list[Path]:
 
 def proxy_headline(since: float) -> str | None:
     """The headline table of the newest proxy benchmark result written after ``since``."""
-    written = [path for path in RESULTS.glob("proxy-*.json") if path.stat().st_mtime >= since]
+    return newest_headline("proxy-*.json", since)
+
+
+def newest_headline(pattern: str, since: float) -> str | None:
+    """The ``headline_markdown`` of the newest result matching ``pattern`` (in ``RESULTS``)
+    written after ``since``, and where it is."""
+    written = [path for path in RESULTS.glob(pattern) if path.stat().st_mtime >= since]
     if not written:
         return None
     newest = max(written, key=lambda path: path.stat().st_mtime)
@@ -49,6 +56,8 @@ def main() -> int:
     headline = proxy_headline(started)
     print("\n## Headline\n")
     print(headline or "(the proxy benchmark wrote no result: see its output above)")
+    messages = newest_headline("messages-*.json", started)
+    print(f"\n{messages or '(the Messages benchmark wrote no result: see its output above)'}")
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
     return 1 if failed else 0

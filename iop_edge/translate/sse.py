@@ -41,12 +41,17 @@ class SseReader:
 
     def feed(self, chunk: bytes) -> list[SseMessage]:
         """The events that ``chunk`` completes, in order."""
-        self._buffer += chunk
+        # Lines are sliced from one bytes object: a slice of the bytearray, then its bytes(),
+        # would copy each line twice. Usually nothing is held and the chunk itself is read.
+        if self._buffer:
+            self._buffer += chunk
+            buffer = bytes(self._buffer)
+        else:
+            buffer = bytes(chunk)
         messages: list[SseMessage] = []
         start = 0
-        buffer = self._buffer
         while (end := buffer.find(b"\n", start)) >= 0:
-            line = bytes(buffer[start:end])
+            line = buffer[start:end]
             start = end + 1
             if line.endswith(b"\r"):
                 line = line[:-1]
@@ -64,7 +69,7 @@ class SseReader:
             elif name == b"event":
                 self._event = value.decode("utf-8", "replace")
             # (a comment has an empty name; id and retry mean nothing to a translation)
-        del buffer[:start]
+        self._buffer = bytearray(buffer[start:])
         return messages
 
     @property
