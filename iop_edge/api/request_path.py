@@ -54,7 +54,7 @@ from iop_edge.api.catalog import (
 from iop_edge.api.errors import client_message, describe, error_headers
 from iop_edge.api.exchange import Exchange
 from iop_edge.api.guard import RequestGuard, exception_summary, require_json_body
-from iop_edge.api.keepalive import Keepalive
+from iop_edge.api.keepalive import Keepalive, KeepaliveTicker
 from iop_edge.api.record import RequestObserver, RequestRecord
 from iop_edge.api.surface import Surface
 from iop_edge.config.policy import route_group
@@ -110,6 +110,8 @@ class RequestPath:
         self.auth = Authenticator(config.openai)
         self.provider_auth = ProviderAuthForwarder(config.openai)
         self.max_body_bytes = config.openai.max_body_bytes
+        #: the one timer of the streams that wait with a keep-alive (api/keepalive.py)
+        self.keepalives = KeepaliveTicker(clock)
         # An open surface trusts whoever can reach loopback: a browser page must not count
         # (DNS rebinding), so only loopback Host names are answered. With allow_anonymous
         # off loopback the operator has chosen to trust the network.
@@ -240,7 +242,7 @@ class RequestPath:
         # A stream that may wait long: its head and the surface's keep-alive event go out
         # if it does (api/keepalive.py); a refusal after that travels in the stream.
         keepalive = Keepalive(
-            request, self.clock, parsed.keepalive, {"x-request-id": record.request_id}
+            request, self.keepalives, parsed.keepalive, {"x-request-id": record.request_id}
         )
         exchange.keepalive = keepalive
         try:

@@ -18,7 +18,7 @@ from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.helpers import pass_deadline, wait_for
+from tests.helpers import wait_for
 from tests.helpers.api import (
     TOKEN,
     anthropic_client,
@@ -257,11 +257,11 @@ async def test_a_stream_that_waits_in_the_queue_sends_pings_then_its_answer(
             # (the head goes out with the first ping: posted is done once it came)
             await wait_for(lambda: edge.scheduler.statistics().queue_depth == 1)
             due = 1000.0 + KEEPALIVE_INTERVAL
-            await pass_deadline(clock, due)
+            clock.advance_to(due)
             response = await posted
             assert response.status == 200
             first = await response.content.readuntil(b"\n\n")
-            await pass_deadline(clock, due + KEEPALIVE_INTERVAL)
+            clock.advance_to(due + KEEPALIVE_INTERVAL)
             second = await response.content.readuntil(b"\n\n")
             fake_oa.behavior = FakeBehavior()
             fake_oa.release()
@@ -300,7 +300,7 @@ async def test_a_waiting_stream_refused_after_its_head_went_out_ends_in_an_error
                 )
             )
             await wait_for(lambda: edge.scheduler.statistics().queue_depth == 1)
-            await pass_deadline(clock, 1000.0 + KEEPALIVE_INTERVAL)
+            clock.advance_to(1000.0 + KEEPALIVE_INTERVAL)
             response = await posted
             # The scheduler's one timer is armed for its next deadline (a probe's, then the
             # queue's): keep the clock at the queue's deadline until the refusal came.

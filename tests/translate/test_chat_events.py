@@ -309,3 +309,18 @@ def test_answer_builder_refuses_an_unfinished_or_failed_stream():
     builder.add(Failure("upstream_timeout", "late"))
     with pytest.raises(ValueError, match="late"):
         builder.answer()
+
+
+def test_frames_framed_otherwise_decode_as_exactly_framed_ones():
+    """The adapters' exact framing is split at once; any other SSE framing (CRLF, no space
+    after ``data:``, comments, a data field over two lines) goes through the general reader,
+    with the same events."""
+    plan = Plan((("text", "a"), ("text", "b")), usage={"prompt_tokens": 1, "completion_tokens": 2})
+    exact = frames(plan)
+    other = (
+        exact.replace(b"data: ", b"data:")
+        .replace(b"\n\n", b"\r\n\r\n")
+        .replace(b"data:[DONE]", b": ping\r\ndata:[DONE]")
+    )
+    assert other != exact
+    assert ChatStreamDecoder().feed_frames(other) == ChatStreamDecoder().feed_frames(exact)
