@@ -40,7 +40,7 @@ from typing import Any, Final
 import orjson
 
 from iop_edge.adapters.base import Endpoint, UpstreamReply
-from iop_edge.errors import RequestError
+from iop_edge.errors import AdapterCode, AdapterError, RequestError
 from iop_edge.translate.anthropic_errors import (
     ANTHROPIC_ERRORS,
     anthropic_error,
@@ -63,6 +63,7 @@ __all__ = [
     "TranslatedRenderer",
     "apply_reasoning",
     "decode_body",
+    "translated_frames",
     "untranslated",
 ]
 
@@ -148,7 +149,7 @@ class TranslatedRenderer:
         translator = self._translator = MessagesStreamTranslator(
             model=self._model, estimated_input_tokens=self._estimate, stop_sequences=self._stops
         )
-        return translator.feed(first), _translated(translator, frames)
+        return translator.feed(first), translated_frames(translator, frames)
 
     def render_stream_error(self, message: str, code: str, status: int) -> bytes:
         """The ``error`` event (after whatever block is open: Anthropic leaves it open)."""
@@ -161,16 +162,31 @@ class TranslatedRenderer:
         return _error_event(upstream_error_type(reply.status), _upstream_message(reply))
 
 
-async def _translated(
+async def translated_frames(
     translator: MessagesStreamTranslator, frames: AsyncIterator[bytes]
 ) -> AsyncIterator[bytes]:
+    """The Messages stream of the adapter's chat ``frames``, as they come. An answer that the
+    translation finds broken ends with its ``error`` event, then raises
+    :class:`~iop_edge.errors.AdapterError` (``error_relayed``: nothing more is written) so the
+    request line says so."""
     async for frame in frames:
         out = translator.feed(frame)
         if out:
             yield out
-    out = translator.end()
-    if out:
-        yield out
+        if translator.failure is not None:
+            break
+    else:
+        out = translator.end()
+        if out:
+            yield out
+    failure = translator.failure
+    if failure is not None:
+        # The answer broke (arguments that are not JSON, a stream without a finish): its
+        # error event is out; the request path records the failure and writes nothing more.
+        code: AdapterCode = (
+            "upstream_timeout" if failure.code == "upstream_timeout" else "upstream_error"
+        )
+        raise AdapterError(code, failure.message, failure=None, error_relayed=True)
 
 
 class PassthroughRenderer:

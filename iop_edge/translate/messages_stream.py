@@ -245,11 +245,13 @@ class MessagesStreamTranslator:
     :class:`~iop_edge.translate.chat_events.ChatStreamDecoder` and a
     :class:`MessageStreamRenderer` together, for the shell's relay loop."""
 
-    __slots__ = ("decoder", "renderer")
+    __slots__ = ("decoder", "failure", "renderer")
 
     def __init__(
         self, *, model: str, estimated_input_tokens: int, stop_sequences: Sequence[str] = ()
     ) -> None:
+        #: the failure the decoded answer ended with (its ``error`` event rendered), if any
+        self.failure: Failure | None = None
         self.decoder = ChatStreamDecoder()
         self.renderer = MessageStreamRenderer(
             model=model,
@@ -264,11 +266,16 @@ class MessagesStreamTranslator:
 
     def feed(self, frames: bytes) -> bytes:
         """The stream's bytes for a batch of the adapter's frames (may be empty)."""
-        return encode_events(self.renderer.render_all(self.decoder.feed_frames(frames)))
+        return self._render(self.decoder.feed_frames(frames))
 
     def end(self) -> bytes:
         """The adapter's frames ended cleanly: the stream's last bytes."""
-        return encode_events(self.renderer.render_all(self.decoder.end()))
+        return self._render(self.decoder.end())
+
+    def _render(self, events: list[AnswerEvent]) -> bytes:
+        if events and isinstance(events[-1], Failure):  # (a failure is always the last)
+            self.failure = events[-1]
+        return encode_events(self.renderer.render_all(events))
 
     def fail(self, code: str, message: str) -> bytes:
         """The adapter failed (``code``: the edge's error code): the ``error`` event."""
