@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+
 from iop_edge.adapters.base import Endpoint
 from iop_edge.api.catalog import ModelEntry
 from iop_edge.errors import RequestError
@@ -43,6 +45,21 @@ class PreparedRequest:
     estimated_input_tokens: int
     max_tokens: int | None
     long_context: bool
+
+
+def decode_json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object (a 400 naming what is wrong otherwise)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(
+            "invalid_request_error", f"The request body is not valid JSON: {exc}.", status=400
+        ) from None
+    if not isinstance(body, dict):
+        raise RequestError(
+            "invalid_request_error", "The request body must be a JSON object.", status=400
+        )
+    return body
 
 
 def _bad(message: str, param: str | None) -> RequestError:

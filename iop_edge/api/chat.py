@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
-import orjson
-
 from iop_edge.adapters.base import Endpoint, UpstreamReply
-from iop_edge.api.bodies import MAX_TOKEN_FIELDS, THINKING_FIELD
+from iop_edge.api.bodies import MAX_TOKEN_FIELDS, THINKING_FIELD, decode_json_object
 from iop_edge.envelope import envelope
 from iop_edge.errors import RequestError
 
@@ -116,12 +114,7 @@ def _bad(message: str, param: str | None) -> RequestError:
 
 def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
     """Decode and check the fields the edge relies on; unknown fields pass through untouched."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise _bad(f"The request body is not valid JSON: {exc}.", None) from None
-    if not isinstance(body, dict):
-        raise _bad("The request body must be a JSON object.", None)
+    body = decode_json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a non-empty string.", "model")

@@ -30,8 +30,9 @@ import orjson
 from aiohttp import web
 
 from iop_edge.adapters.base import UpstreamCall
+from iop_edge.api.bodies import decode_json_object
 from iop_edge.api.errors import describe
-from iop_edge.api.messages import FORWARDED_HEADERS, MESSAGES_API, MESSAGES_SURFACE, decode_body
+from iop_edge.api.messages import FORWARDED_HEADERS, MESSAGES_API, MESSAGES_SURFACE
 from iop_edge.api.record import RequestRecord
 from iop_edge.api.request_path import RequestPath, error_response, request_id, session_id
 from iop_edge.errors import AdapterError, IopEdgeError, RequestError
@@ -64,7 +65,7 @@ class TokenCounter:
             record.session_id = session_id(headers)
             record.principal = path.auth.authenticate_headers(headers)
             raw = await path.read_body(request, record)
-            body = decode_body(raw)
+            body = decode_json_object(raw)
             try:
                 internal: InternalRequest | None = translate_request(body, counting=True)
                 refusal: RequestError | None = None

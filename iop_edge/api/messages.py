@@ -40,6 +40,7 @@ from typing import Any, Final
 import orjson
 
 from iop_edge.adapters.base import Endpoint, UpstreamReply
+from iop_edge.api.bodies import decode_json_object
 from iop_edge.errors import AdapterCode, AdapterError, RequestError
 from iop_edge.translate.anthropic_errors import (
     ANTHROPIC_ERRORS,
@@ -48,7 +49,7 @@ from iop_edge.translate.anthropic_errors import (
     upstream_error_type,
 )
 from iop_edge.translate.chat_events import decode_completion
-from iop_edge.translate.chat_request import InternalRequest, ReasoningRequest
+from iop_edge.translate.chat_request import InternalRequest, apply_reasoning
 from iop_edge.translate.messages_reply import message_body
 from iop_edge.translate.messages_request import translate_request
 from iop_edge.translate.messages_stream import PING, MessagesStreamTranslator
@@ -61,8 +62,6 @@ __all__ = [
     "MessagesSurface",
     "PassthroughRenderer",
     "TranslatedRenderer",
-    "apply_reasoning",
-    "decode_body",
     "translated_frames",
     "untranslated",
 ]
@@ -71,34 +70,6 @@ __all__ = [
 MESSAGES_API: Final = "messages"
 #: the client's headers a passthrough provider gets (never a credential)
 FORWARDED_HEADERS: Final = ("anthropic-version", "anthropic-beta")
-_EFFORTS: Final = {"minimal": "minimal", "low": "low", "medium": "medium", "high": "high"}
-
-
-def decode_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object (a 400 naming what is wrong otherwise)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise RequestError(
-            "invalid_request_error", f"The request body is not valid JSON: {exc}.", status=400
-        ) from None
-    if not isinstance(body, dict):
-        raise RequestError(
-            "invalid_request_error", "The request body must be a JSON object.", status=400
-        )
-    return body
-
-
-def apply_reasoning(chat: dict[str, Any], reasoning: ReasoningRequest | None) -> None:
-    """The client's reasoning request as the internal form's fields (module docstring)."""
-    if reasoning is None:
-        return
-    if reasoning.mode == "enabled" and reasoning.budget_tokens is not None:
-        chat["thinking_token_budget"] = reasoning.budget_tokens
-    elif reasoning.mode == "disabled":
-        chat["thinking_token_budget"] = 0
-    if reasoning.effort is not None:
-        chat["reasoning_effort"] = _EFFORTS.get(reasoning.effort, "high")
 
 
 def _error_event(kind: str, message: str) -> bytes:
@@ -312,7 +283,7 @@ class MessagesSurface:
         """The body translated into the internal form. A body the translation refuses (a
         server tool, a field it cannot honour) may still be passed through: it is kept with
         its refusal (:attr:`MessagesRequest.refusal`), for a provider that speaks Messages."""
-        body = decode_body(raw)
+        body = decode_json_object(raw)
         try:
             internal = translate_request(body)
         except RequestError as exc:

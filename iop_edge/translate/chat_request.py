@@ -21,13 +21,14 @@ budget, ``reasoning_effort``...) — this package does not guess the upstream's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 __all__ = [
     "InternalRequest",
     "ReasoningEffort",
     "ReasoningMode",
     "ReasoningRequest",
+    "apply_reasoning",
     "assistant_message",
     "function_tool",
     "image_part",
@@ -116,3 +117,22 @@ def function_tool(
     if strict is not None:
         function["strict"] = strict
     return {"type": "function", "function": function}
+
+
+_CHAT_EFFORTS: Final = {"minimal": "minimal", "low": "low", "medium": "medium", "high": "high"}
+
+
+def apply_reasoning(chat: dict[str, Any], reasoning: ReasoningRequest | None) -> None:
+    """The client's reasoning request as the internal form's fields, in place: a budget is
+    ``thinking_token_budget`` (so it replaces the model group's
+    ``default_thinking_token_budget``), ``disabled`` a budget of 0, ``adaptive`` leaves the
+    group's default; an effort is ``reasoning_effort`` (``xhigh`` and ``max``, which OpenAI's
+    field does not have, as ``high``)."""
+    if reasoning is None:
+        return
+    if reasoning.mode == "enabled" and reasoning.budget_tokens is not None:
+        chat["thinking_token_budget"] = reasoning.budget_tokens
+    elif reasoning.mode == "disabled":
+        chat["thinking_token_budget"] = 0
+    if reasoning.effort is not None:
+        chat["reasoning_effort"] = _CHAT_EFFORTS.get(reasoning.effort, "high")
