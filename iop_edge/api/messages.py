@@ -41,7 +41,8 @@ import orjson
 
 from iop_edge.adapters.base import Endpoint, UpstreamReply
 from iop_edge.api.bodies import decode_json_object
-from iop_edge.errors import AdapterCode, AdapterError, RequestError
+from iop_edge.api.translated import translated_frames
+from iop_edge.errors import RequestError
 from iop_edge.translate.anthropic_errors import (
     ANTHROPIC_ERRORS,
     anthropic_error,
@@ -62,7 +63,6 @@ __all__ = [
     "MessagesSurface",
     "PassthroughRenderer",
     "TranslatedRenderer",
-    "translated_frames",
     "untranslated",
 ]
 
@@ -131,33 +131,6 @@ class TranslatedRenderer:
     def render_stream_reply(self, reply: UpstreamReply) -> bytes:
         """An upstream's error status, after the stream's head went out: an ``error`` event."""
         return _error_event(upstream_error_type(reply.status), _upstream_message(reply))
-
-
-async def translated_frames(
-    translator: MessagesStreamTranslator, frames: AsyncIterator[bytes]
-) -> AsyncIterator[bytes]:
-    """The Messages stream of the adapter's chat ``frames``, as they come. An answer that the
-    translation finds broken ends with its ``error`` event, then raises
-    :class:`~iop_edge.errors.AdapterError` (``error_relayed``: nothing more is written) so the
-    request line says so."""
-    async for frame in frames:
-        out = translator.feed(frame)
-        if out:
-            yield out
-        if translator.failure is not None:
-            break
-    else:
-        out = translator.end()
-        if out:
-            yield out
-    failure = translator.failure
-    if failure is not None:
-        # The answer broke (arguments that are not JSON, a stream without a finish): its
-        # error event is out; the request path records the failure and writes nothing more.
-        code: AdapterCode = (
-            "upstream_timeout" if failure.code == "upstream_timeout" else "upstream_error"
-        )
-        raise AdapterError(code, failure.message, failure=None, error_relayed=True)
 
 
 class PassthroughRenderer:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from iop_edge.api.messages import translated_frames
+from iop_edge.api.translated import translated_frames
 from iop_edge.errors import AdapterError
 from iop_edge.translate.messages_stream import MessagesStreamTranslator
 
