@@ -69,6 +69,7 @@ RequestCode = Literal[
     "host_not_allowed",
     "unsupported_endpoint",
     "unsupported_parameter",
+    "response_not_found",
 ]
 
 

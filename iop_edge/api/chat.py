@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 from iop_edge.adapters.base import Endpoint, UpstreamReply
+from iop_edge.api.auth import Principal
 from iop_edge.api.bodies import MAX_TOKEN_FIELDS, THINKING_FIELD, decode_json_object
 from iop_edge.envelope import envelope
 from iop_edge.errors import RequestError
@@ -84,7 +85,9 @@ class ChatSurface:
         self.endpoint: Final[Endpoint] = endpoint
         self.name: Final[str] = endpoint
 
-    def parse(self, raw: bytes, headers: Mapping[str, str]) -> ChatRequest:
+    def parse(
+        self, raw: bytes, headers: Mapping[str, str], principal: Principal | None
+    ) -> ChatRequest:
         """The body, checked (:func:`parse_body`): it is the internal form already."""
         return ChatRequest(parse_body(raw, self.endpoint))
 

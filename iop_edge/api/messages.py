@@ -40,6 +40,7 @@ from typing import Any, Final
 import orjson
 
 from iop_edge.adapters.base import Endpoint, UpstreamReply
+from iop_edge.api.auth import Principal
 from iop_edge.api.bodies import decode_json_object
 from iop_edge.api.translated import translated_frames
 from iop_edge.errors import RequestError
@@ -252,7 +253,9 @@ class MessagesSurface:
     name: Final = "messages"
     endpoint: Final[Endpoint] = "chat/completions"
 
-    def parse(self, raw: bytes, headers: Mapping[str, str]) -> MessagesRequest:
+    def parse(
+        self, raw: bytes, headers: Mapping[str, str], principal: Principal | None
+    ) -> MessagesRequest:
         """The body translated into the internal form. A body the translation refuses (a
         server tool, a field it cannot honour) may still be passed through: it is kept with
         its refusal (:attr:`MessagesRequest.refusal`), for a provider that speaks Messages."""

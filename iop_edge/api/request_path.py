@@ -205,7 +205,7 @@ class RequestPath:
         raw = await self.read_body(request, record)
         if handed_over:
             return await self._relayed(request, record)
-        parsed = surface.parse(raw, headers)
+        parsed = surface.parse(raw, headers, record.principal)
         body = parsed.body
         endpoint = surface.endpoint
         record.model = model_id = body["model"]

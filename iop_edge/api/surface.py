@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from iop_edge.adapters.base import Endpoint, UpstreamReply
+    from iop_edge.api.auth import Principal
     from iop_edge.errors import RequestError
 
 __all__ = ["Renderer", "Surface", "SurfaceRequest"]
@@ -130,10 +131,12 @@ class Surface(Protocol):
         """The internal endpoint its requests become (what the adapters are asked to serve)."""
         ...
 
-    def parse(self, raw: bytes, headers: Mapping[str, str]) -> SurfaceRequest:
-        """The request ``raw`` (with its HTTP ``headers``). Raises
-        :class:`~iop_edge.errors.RequestError` (400, ``param`` naming the field) for a body
-        the surface does not accept."""
+    def parse(
+        self, raw: bytes, headers: Mapping[str, str], principal: Principal | None
+    ) -> SurfaceRequest:
+        """The request ``raw`` (with its HTTP ``headers``, from ``principal``: ``None`` on an
+        edge without tokens). Raises :class:`~iop_edge.errors.RequestError` (400, ``param``
+        naming the field) for a body the surface does not accept."""
         ...
 
     def render_error(

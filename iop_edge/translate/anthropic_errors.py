@@ -61,6 +61,7 @@ ANTHROPIC_ERRORS: Final[dict[str, tuple[AnthropicErrorType, int]]] = {
     "unsupported_media_type": ("invalid_request_error", 400),
     "request_too_large": ("request_too_large", 413),
     "model_not_found": ("not_found_error", 404),
+    "response_not_found": ("not_found_error", 404),
     "origin_not_allowed": ("permission_error", 403),
     "host_not_allowed": ("permission_error", 403),
     # the credentials (AuthCode)
