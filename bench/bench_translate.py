@@ -89,7 +89,7 @@ def cases(stream: bytes, completion: bytes) -> dict[str, Callable[[], object]]:
         return translating.feed(stream), translating.end()
 
     return {
-        "parse the Messages request": lambda: MESSAGES_SURFACE.parse(body, {}),
+        "parse the Messages request": lambda: MESSAGES_SURFACE.parse(body, {}, None),
         f"stream: {len(frames)} frames, a feed per frame": feed_each,
         f"stream: {len(frames)} frames, one feed": feed_all,
         "non-streamed: the completion as a Message": lambda: message_body(
