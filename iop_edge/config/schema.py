@@ -494,11 +494,12 @@ class ModelGroup(_Section):
 AdapterType = Literal["openai_compat", "ollama", "cli"]
 ProviderType = Literal["openai_compat", "ollama", "cli", "seulgivibe_claude", "seulgivibe_openai"]
 OutputFormat = Literal["text", "json", "stream-json"]
-NativeApi = Literal["messages"]
-"""An API besides OpenAI's that an ``openai_compat`` upstream serves itself, so the edge passes
-its requests through instead of translating them (``native_apis``): ``messages``, Anthropic
-Messages (``{base_url}/messages`` and ``{base_url}/messages/count_tokens``). The one list of
-them: a new one (issue 28: ``responses``) is added here."""
+NativeApi = Literal["messages", "responses"]
+"""An API besides OpenAI's chat that an ``openai_compat`` upstream serves itself, so the edge
+passes its requests through instead of translating them (``native_apis``): ``messages``,
+Anthropic Messages (``{base_url}/messages`` and ``{base_url}/messages/count_tokens``);
+``responses``, OpenAI Responses (``{base_url}/responses``). The one list of them: a new one is
+added here."""
 NATIVE_APIS: Final[tuple[NativeApi, ...]] = get_args(NativeApi)
 """Every :data:`NativeApi`, in order."""
 #: The runtime types that may declare ``native_apis``: the others never speak an API but their
