@@ -45,6 +45,7 @@ from iop_edge.translate.sse import dumps, encode_event
 
 __all__ = [
     "RESPONSES_API",
+    "PassthroughRenderer",
     "ResponsesRenderer",
     "ResponsesSurface",
     "SurfaceResponsesRequest",
@@ -132,35 +133,61 @@ class ResponsesRenderer:
         """``response.failed`` (never ``response.completed``), or OpenAI's ``error`` event
         before the stream began."""
         if self._translator is None:
-            return encode_event("error", {"type": "error", "code": code, "message": message})
+            return _error_event(code, message)
         return self._translator.fail(code, message)
 
     def render_stream_reply(self, reply: UpstreamReply) -> bytes:
-        """Never called (no keep-alive): an upstream's error status as an ``error`` event."""
-        return encode_event("error", {"type": "error", "code": "upstream_error", "message": ""})
+        """Never called (no keep-alive)."""
+        return _error_event("upstream_error", f"The upstream answered HTTP {reply.status}.")
+
+    def stream_finished(self, final_response: bytes | None) -> None:
+        """Nothing: the translation stored the response at its end."""
 
 
-class _Passthrough:
-    """An attempt on a provider that speaks Responses: its answer as it came."""
+def _error_event(code: str, message: str) -> bytes:
+    """OpenAI's stream ``error`` event."""
+    return encode_event("error", {"type": "error", "code": code, "message": message, "param": None})
 
-    __slots__ = ()
+
+class PassthroughRenderer:
+    """An attempt on a provider that speaks Responses: its answer as it came (the adapter set
+    ``model``); the finished Response stored under the upstream's own id."""
+
+    __slots__ = ("_request",)
+
+    def __init__(self, request: SurfaceResponsesRequest) -> None:
+        self._request = request
 
     def render_reply(self, reply: UpstreamReply) -> bytes:
+        """The upstream's body (a 200's Response stored)."""
+        if reply.status == 200:
+            self._keep(reply.body)
         return reply.body
 
     def render_stream(
         self, first: bytes, frames: AsyncIterator[bytes]
     ) -> tuple[bytes, AsyncIterator[bytes]]:
+        """The upstream's events."""
         return first, frames
 
     def render_stream_error(self, message: str, code: str, status: int) -> bytes:
-        return encode_event("error", {"type": "error", "code": code, "message": message})
+        """OpenAI's ``error`` event (the upstream failed without an event of its own)."""
+        return _error_event(code, message)
 
     def render_stream_reply(self, reply: UpstreamReply) -> bytes:
-        return b"event: error\ndata: " + reply.body.strip() + b"\n\n"
+        """Never called (no keep-alive)."""
+        return _error_event("upstream_error", f"The upstream answered HTTP {reply.status}.")
 
+    def stream_finished(self, final_response: bytes | None) -> None:
+        """Store the Response the upstream's last event carried."""
+        if final_response is not None:
+            self._keep(final_response)
 
-_PASSTHROUGH: Final = _Passthrough()
+    def _keep(self, body: bytes) -> None:
+        if self._request.stores:
+            response = orjson.loads(body)
+            if isinstance(response, dict) and isinstance(response.get("id"), str):
+                self._request.keep(response["id"], body, response)
 
 
 class SurfaceResponsesRequest:
@@ -194,6 +221,11 @@ class SurfaceResponsesRequest:
         """The chat body."""
         return self.translated.internal.chat
 
+    @property
+    def stores(self) -> bool:
+        """Whether its response is kept (not ``store: false``, and a store exists)."""
+        return self._store is not None
+
     def keep(self, response_id: str, body: bytes, response: Mapping[str, Any]) -> None:
         """Store a finished response with its conversation (unless ``store: false``)."""
         if self._store is None:
@@ -220,10 +252,10 @@ class SurfaceResponsesRequest:
 
     def renderer(
         self, *, native: bool, estimated_input_tokens: int
-    ) -> ResponsesRenderer | _Passthrough:
+    ) -> ResponsesRenderer | PassthroughRenderer:
         """The passthrough renderer, or a translating one for this request."""
         if native:
-            return _PASSTHROUGH
+            return PassthroughRenderer(self)
         return ResponsesRenderer(self, estimated_input_tokens)
 
 
