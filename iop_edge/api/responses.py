@@ -37,7 +37,7 @@ from iop_edge.api.translated import translated_frames
 from iop_edge.envelope import envelope
 from iop_edge.errors import RequestError
 from iop_edge.translate.chat_events import decode_completion
-from iop_edge.translate.chat_request import apply_reasoning
+from iop_edge.translate.chat_request import InternalRequest, apply_reasoning
 from iop_edge.translate.responses_reply import render_response
 from iop_edge.translate.responses_request import ResponsesRequest, translate_responses
 from iop_edge.translate.responses_stream import ResponsesStreamTranslator
@@ -51,6 +51,7 @@ __all__ = [
     "SurfaceResponsesRequest",
     "not_stored",
     "owner_of",
+    "untranslated",
 ]
 
 #: the ``native_apis`` name of the OpenAI Responses API
@@ -75,6 +76,49 @@ def not_stored(response_id: str, param: str | None = None) -> RequestError:
         "in memory).",
         status=404,
         param=param,
+    )
+
+
+def untranslated(body: Mapping[str, Any], raw: bytes, refusal: RequestError) -> ResponsesRequest:
+    """What the request path needs of a body only passthrough can take (a built-in tool, say):
+    its model, stream, ``store``, token limit and input items (each checked as the translation
+    checks it; else ``refusal`` is raised), and one message of its whole text, so that it is
+    estimated by its size. Never sent upstream: an attempt that would translate it raises
+    ``refusal``."""
+    model, stream, store = body.get("model"), body.get("stream"), body.get("store")
+    given = body.get("input")
+    limit = body.get("max_output_tokens")
+    if (
+        not isinstance(model, str)
+        or not model
+        or not isinstance(stream, bool | None)
+        or not isinstance(store, bool | None)
+        or not isinstance(given, str | list)
+        or (limit is not None and (type(limit) is not int or limit < 1))
+    ):
+        raise refusal
+    items: list[dict[str, Any]] = (
+        [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": given}]}]
+        if isinstance(given, str)
+        else [item for item in given if isinstance(item, dict)]
+    )
+    chat: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": raw.decode("utf-8", "replace")}],
+    }
+    if limit is not None:
+        chat["max_tokens"] = limit
+    if stream:
+        chat["stream"] = True
+    internal = InternalRequest(chat, model, bool(stream), None, (), ())
+    previous = body.get("previous_response_id")
+    return ResponsesRequest(
+        internal,
+        tuple(items),
+        store is not False,
+        previous if isinstance(previous, str) else None,
+        None,
+        {},
     )
 
 
@@ -297,7 +341,18 @@ class ResponsesSurface:
             if stored is None:
                 raise not_stored(previous, "previous_response_id")
             history = stored.items
-        translated = translate_responses(body, history)
+        try:
+            translated = translate_responses(body, history)
+        except RequestError as exc:  # (a provider that speaks Responses may still take it)
+            return SurfaceResponsesRequest(
+                body,
+                untranslated(body, raw, exc),
+                history,
+                owner,
+                store,
+                int(self._wall_clock()),
+                exc,
+            )
         apply_reasoning(translated.internal.chat, translated.internal.reasoning)
         return SurfaceResponsesRequest(
             body, translated, history, owner, store, int(self._wall_clock())
