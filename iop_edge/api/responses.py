@@ -38,7 +38,7 @@ from iop_edge.envelope import envelope
 from iop_edge.errors import RequestError
 from iop_edge.translate.chat_events import decode_completion
 from iop_edge.translate.chat_request import InternalRequest, apply_reasoning
-from iop_edge.translate.responses_reply import render_response
+from iop_edge.translate.responses_reply import output_items, render_response
 from iop_edge.translate.responses_request import ResponsesRequest, translate_responses
 from iop_edge.translate.responses_stream import ResponsesStreamTranslator
 from iop_edge.translate.sse import dumps, encode_event
@@ -148,6 +148,7 @@ class ResponsesRenderer:
             model=request.translated.internal.model,
             echo=request.translated.echo,
             estimated_input_tokens=self._estimate,
+            include=request.translated.include,
         )
         body = dumps(response)
         request.keep(self._id, body, response)
@@ -164,6 +165,7 @@ class ResponsesRenderer:
             model=request.translated.internal.model,
             echo=request.translated.echo,
             estimated_input_tokens=self._estimate,
+            include=request.translated.include,
         )
 
         def finished() -> None:
@@ -274,8 +276,7 @@ class SurfaceResponsesRequest:
         """Store a finished response with its conversation (unless ``store: false``)."""
         if self._store is None:
             return
-        output = response.get("output")
-        items = [*self.history, *self.translated.input_items, *(output or ())]
+        items = [*self.history, *self.translated.input_items, *output_items(response)]
         self._store.put(response_id, self.owner, body, items)
 
     def native_body(self, policy: Mapping[str, Any]) -> dict[str, Any]:
