@@ -568,8 +568,11 @@ async def test_parallel_tool_calls_false_keeps_the_first_call_only(
     the answer's first call and drops the rest; without the field both come back."""
     message = {"role": "assistant", "content": "", "tool_calls": TWO_CALLS}
     whole = {"model": "m", "message": message, "done": True, "done_reason": "stop"}
-    lines = [orjson.dumps({"model": "m", "message": message, "done": False}) + b"\n",
-             orjson.dumps({**whole, "message": {"role": "assistant", "content": ""}}) + b"\n"]  # fmt: skip
+    last = {**whole, "message": {"role": "assistant", "content": ""}}
+    lines = [
+        orjson.dumps({"model": "m", "message": message, "done": False}) + b"\n",
+        orjson.dumps(last) + b"\n",
+    ]
     upstream = CannedUpstream(
         lines if stream else [orjson.dumps(whole)],
         content_type="application/x-ndjson" if stream else "application/json",
