@@ -104,6 +104,7 @@ class ResponsesRenderer:
             model=request.translated.internal.model,
             echo=request.translated.echo,
             estimated_input_tokens=self._estimate,
+            include=request.translated.include,
         )
         body = dumps(response)
         request.keep(self._id, body, response)
@@ -120,6 +121,7 @@ class ResponsesRenderer:
             model=request.translated.internal.model,
             echo=request.translated.echo,
             estimated_input_tokens=self._estimate,
+            include=request.translated.include,
         )
 
         def finished() -> None:
