@@ -3,7 +3,8 @@
 The proxy benchmark runs first, and its headline table (iop-edge's CPU per request against the
 bare pass-through's, and the added p50) is printed again at the end, so it is what the run
 leaves on the screen; so is that of the Messages benchmark (``bench_messages.py``: Anthropic
-Messages, translated and passed through, against chat on the same provider).
+Messages, translated and passed through, against chat on the same provider), and the memory of
+the stored responses of ``/v1/responses`` under a soak (``bench_responses_store.py``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def main() -> int:
     print(headline or "(the proxy benchmark wrote no result: see its output above)")
     messages = newest_headline("messages-*.json", started)
     print(f"\n{messages or '(the Messages benchmark wrote no result: see its output above)'}")
+    store = newest_headline("responses-store-*.json", started)
+    print(f"\n{store or '(the responses store benchmark wrote no result: see its output above)'}")
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
     return 1 if failed else 0

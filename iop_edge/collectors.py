@@ -1,5 +1,6 @@
 """The metrics read at scrape time (SPEC §9): the scheduler's state, the supervisor's running
-config, the listeners' connections and the handover this process took over by.
+config, the listeners' connections, the handover this process took over by and the stored
+responses of ``/v1/responses``.
 
 Each collector reads one snapshot (``statistics()``) per scrape and yields its families: one
 source of truth, nothing counted twice. A series exists only for a thing that exists: a
@@ -23,11 +24,18 @@ from iop_edge.config.policy import ROUTE_UNBOUNDED, route_group, route_provider
 from iop_edge.pool import PoolStatistics
 
 if TYPE_CHECKING:
+    from iop_edge.api.responses_store import ResponsesStoreStatistics
     from iop_edge.handover.channel import HandoverStatistics
     from iop_edge.runtime.listeners import ListenerStatistics
     from iop_edge.supervisor import Supervisor, SupervisorStatistics
 
-__all__ = ["Family", "HandoverCollector", "ListenerCollector", "StateCollector"]
+__all__ = [
+    "Family",
+    "HandoverCollector",
+    "ListenerCollector",
+    "ResponsesStoreCollector",
+    "StateCollector",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,3 +369,47 @@ class HandoverCollector(Collector):
         yield HANDOVER_INHERITED.of(taken.inherited_leases)
         yield HANDOVER_INHERITED_HELD.of(taken.inherited_held)
         yield HANDOVER_RELAYED.of(taken.relayed_requests)
+
+
+RESPONSES_STORED = _gauge(
+    "iop_edge_responses_stored",
+    "Responses held for /v1/responses (previous_response_id, GET and DELETE), expired ones "
+    "not yet swept included.",
+)
+RESPONSES_STORE_BYTES = _gauge(
+    "iop_edge_responses_store_bytes",
+    "Their size as the store counts it (each response's JSON and its conversation's); "
+    "bounded by openai.responses_store.max_bytes.",
+)
+RESPONSES_EVICTED = _counter(
+    "iop_edge_responses_evicted",
+    "Responses dropped or refused by the store, by reason: lru (least recently used, to keep "
+    "the bounds), expired (at the end of ttl_ms), too_large (larger than max_bytes alone: "
+    "never stored).",
+    "reason",
+)
+RESPONSES_FAMILIES = (RESPONSES_STORED, RESPONSES_STORE_BYTES, RESPONSES_EVICTED)
+"""What :class:`ResponsesStoreCollector` yields, in order."""
+
+
+class ResponsesStoreCollector(Collector):
+    """The stored responses of ``/v1/responses``, read at scrape time from
+    :meth:`iop_edge.api.responses_store.ResponsesStore.statistics`."""
+
+    def __init__(self, statistics: Callable[[], ResponsesStoreStatistics]) -> None:
+        self._statistics = statistics
+
+    def describe(self) -> Iterator[Metric]:
+        """Every family :meth:`collect` yields, without samples (the store is not read)."""
+        return (family.empty() for family in RESPONSES_FAMILIES)
+
+    def collect(self) -> Iterator[Metric]:
+        """One snapshot of the store."""
+        stats = self._statistics()
+        yield RESPONSES_STORED.of(stats.items)
+        yield RESPONSES_STORE_BYTES.of(stats.bytes)
+        evicted = RESPONSES_EVICTED.empty()
+        evicted.add_metric(["lru"], stats.evicted)
+        evicted.add_metric(["expired"], stats.expired)
+        evicted.add_metric(["too_large"], stats.too_large)
+        yield evicted

@@ -33,6 +33,7 @@ from iop_edge.api.admin import AdminAPI
 from iop_edge.api.catalog import build_catalog
 from iop_edge.api.guard import RequestGuard
 from iop_edge.api.server import OpenAIServer
+from iop_edge.collectors import ResponsesStoreCollector
 from iop_edge.config.policy import pool_policy
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
@@ -166,6 +167,7 @@ class Daemon:
             lifecycle=self.lifecycle,
             relay=self.relay,
         )
+        self.registry.register(ResponsesStoreCollector(self.server.responses_store.statistics))
         supervisor.add_listener(self.metrics.observe_refresh)
 
     def apply_config(self, config: EdgeConfig) -> None:

@@ -12,12 +12,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector, DuplicateTimeseries
 
-from iop_edge.collectors import HandoverCollector, ListenerCollector, StateCollector
+from iop_edge.api.responses_store import ResponsesStore, ResponsesStoreStatistics
+from iop_edge.collectors import (
+    HandoverCollector,
+    ListenerCollector,
+    ResponsesStoreCollector,
+    StateCollector,
+)
 from iop_edge.config import parse_config
 from iop_edge.config.policy import pool_policy
 from iop_edge.pool import PoolScheduler, PoolStatistics
 from iop_edge.runtime.logs import get_logger
 from iop_edge.supervisor import Supervisor
+from iop_edge.testing.clock import FakeClock
 from tests.helpers import doc_for, dump
 
 
@@ -75,11 +82,18 @@ class Reads:
         self.calls.append("handover")
         return Handover()
 
+    def responses(self) -> ResponsesStoreStatistics:
+        self.calls.append("responses")
+        store = ResponsesStore(max_items=2, max_bytes=1000, ttl=60.0, clock=FakeClock())
+        store.put("resp_1", "team", b"{}", [])
+        return store.statistics()
+
     def collectors(self) -> list[Collector]:
         return [
             StateCollector(self.statistics, self.supervisor, routes=()),
             ListenerCollector(self.listeners),
             HandoverCollector(self.handover),
+            ResponsesStoreCollector(self.responses),
         ]
 
 
@@ -94,7 +108,7 @@ def test_registering_a_collector_reads_no_snapshot(tmp_path: Path, auto_describe
         registry.register(collector)
     assert reads.calls == []
     scraped = {m.name: m for m in registry.collect()}  # what a scrape reads
-    assert reads.calls == ["pool", "supervisor", "listeners", "handover"]
+    assert reads.calls == ["pool", "supervisor", "listeners", "handover", "responses"]
     assert scraped["iop_edge_queue_depth"].samples[0].value == 0
 
 
@@ -121,3 +135,24 @@ def test_a_second_collector_of_the_same_families_is_refused_at_registration(
     with pytest.raises(DuplicateTimeseries):
         registry.register(ListenerCollector(reads.listeners))
     assert reads.calls == []
+
+
+def test_the_responses_store_collector_reads_the_store_s_statistics() -> None:
+    """Items and bytes held as gauges; what the store dropped or refused, by reason."""
+    clock = FakeClock()
+    store = ResponsesStore(max_items=2, max_bytes=100, ttl=10.0, clock=clock)
+    store.put("resp_a", "team", b"x" * 40, [])  # 42 bytes: the response and "[]"
+    store.put("resp_b", "team", b"x" * 40, [])
+    store.put("resp_c", "team", b"x" * 40, [])  # evicts resp_a (lru)
+    store.put("resp_big", "team", b"x" * 200, [])  # too large
+    clock.advance(10.0)
+    assert store.get("resp_b", "team") is None  # expired
+    registry = CollectorRegistry()
+    registry.register(ResponsesStoreCollector(store.statistics))
+    assert registry.get_sample_value("iop_edge_responses_stored") == 1
+    assert registry.get_sample_value("iop_edge_responses_store_bytes") == 42
+    evicted = {
+        reason: registry.get_sample_value("iop_edge_responses_evicted_total", {"reason": reason})
+        for reason in ("lru", "expired", "too_large")
+    }
+    assert evicted == {"lru": 1, "expired": 1, "too_large": 1}

@@ -50,6 +50,7 @@ PURE_STDLIB = frozenset(
     {
         "__future__",
         "abc",
+        "base64",
         "bisect",
         "collections",
         "contextlib",

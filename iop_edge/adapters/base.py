@@ -7,7 +7,8 @@ an :class:`UpstreamReply` (non-streaming, or an upstream error status) or an
 output side whatever the upstream speaks: ``openai_compat`` relays, ``ollama`` and ``cli``
 normalize. The one exception is an API an upstream serves natively
 (:attr:`Executor.native_apis`): a ``messages`` or ``messages/count_tokens`` call is Anthropic
-Messages in and out, relayed by ``openai_compat`` (:mod:`iop_edge.adapters.anthropic_native`).
+Messages in and out, a ``responses`` call OpenAI Responses, relayed by ``openai_compat``
+(:mod:`iop_edge.adapters.anthropic_native`, :mod:`iop_edge.adapters.responses_native`).
 :meth:`Executor.count_tokens` counts a chat body's input tokens with the upstream's own
 tokenizer where there is one (``openai_compat``: vLLM's or llama.cpp's ``/tokenize``, see
 :mod:`iop_edge.adapters.tokenize`); ``ollama`` and ``cli`` answer ``None``.
@@ -21,8 +22,8 @@ Failure contract, the same for every adapter:
 - after a stream started (reset, stall, malformed frame, an error reported in the stream, CLI
   crash): the same :class:`~iop_edge.errors.AdapterError` raised out of
   :attr:`UpstreamStream.frames` — the caller renders it for the client, unless its
-  ``error_relayed`` says the upstream's own error event already reached the client (native
-  Messages: the frames ended with it);
+  ``error_relayed`` says the upstream's own error event already reached the client (a native
+  API's stream: the frames ended with it);
 - an upstream's own HTTP error status (400–599) is not an exception: it comes back as an
   :class:`UpstreamReply` with that status and an OpenAI error envelope (a native API's: its
   body as it came); any other status but
@@ -79,10 +80,16 @@ enough for a slow local model writing a long answer, short enough that a hung up
 its slot."""
 
 Endpoint = Literal[
-    "chat/completions", "completions", "embeddings", "messages", "messages/count_tokens"
+    "chat/completions",
+    "completions",
+    "embeddings",
+    "messages",
+    "messages/count_tokens",
+    "responses",
 ]
-"""The endpoint a call targets (the path under ``/v1``): OpenAI's, or Anthropic Messages' for
-a provider that serves them natively (``native_apis: [messages]``)."""
+"""The endpoint a call targets (the path under ``/v1``): OpenAI's, Anthropic Messages' or
+OpenAI Responses' for a provider that serves them natively (``native_apis: [messages]``,
+``[responses]``)."""
 
 NO_NATIVE_APIS: Final[frozenset[str]] = frozenset()
 """The :attr:`Executor.native_apis` of an executor that speaks OpenAI alone."""
@@ -122,8 +129,9 @@ class UpstreamCall:
 
     endpoint: Endpoint
     body: dict[str, Any]
-    """The client's request body (OpenAI's; Anthropic Messages' for a ``messages`` endpoint),
-    generation policy already applied. Not modified."""
+    """The client's request body (OpenAI's; Anthropic Messages' for a ``messages`` endpoint,
+    a Responses request for ``responses``), generation policy already applied. Not
+    modified."""
     target: str
     """The upstream model name: replaces ``body["model"]`` upstream."""
     stream: bool
@@ -154,10 +162,11 @@ class UpstreamReply:
     ``status`` 200, else an error envelope ``{"error": {"message", "type", "param", "code"}}``
     carrying the upstream's own status (400–599). For a ``messages`` endpoint it is Anthropic's:
     a Message (``model`` the answer's) or ``{"input_tokens": N}``, else the upstream's error
-    body as it came. ``detail`` says, for the edge's log only,
-    what the upstream answered (its status line and the start of its body, which the client
-    does not see when it was not an OpenAI error). ``retry_after``: the seconds a 429's
-    ``Retry-After`` header asked for.
+    body as it came; for ``responses`` a Response object (``model`` the answer's: what the
+    edge keeps for ``previous_response_id``), else the upstream's error body as it came.
+    ``detail`` says, for the edge's log only, what the upstream answered (its status line and
+    the start of its body, which the client does not see when it was not an OpenAI error).
+    ``retry_after``: the seconds a 429's ``Retry-After`` header asked for.
     """
 
     status: int
@@ -176,7 +185,8 @@ class UpstreamStream:
     with ``b"data: [DONE]\\n\\n"``; it raises :class:`~iop_edge.errors.AdapterError` on
     a failure mid-stream. ``usage`` is filled in while the frames are consumed. (A ``messages``
     stream's frames are Anthropic's events, ``b"event: X\\ndata: {...}\\n\\n"``, ending with
-    ``message_stop``.)
+    ``message_stop``; a ``responses`` stream's are OpenAI Responses' events, framed alike,
+    ending with ``response.completed`` or ``response.incomplete``.)
 
     Always :meth:`aclose` it (or use ``async with``), whether or not the frames were consumed:
     that releases the upstream connection or kills the CLI process group.
@@ -193,6 +203,13 @@ class UpstreamStream:
     """Called by a consumer whose write of a frame was cancelled: True when the cancellation
     is the exchange's ``request_timeout_ms`` (the client took no data until the whole exchange
     ran out), and then it is withdrawn; False: an outside cancellation, to propagate."""
+    final_response: Callable[[], bytes | None] = field(default=lambda: None, repr=False)
+    """A ``responses`` stream's final Response object, as JSON: the ``response`` of its last
+    event (``response.completed``, ``response.incomplete``, or ``response.failed`` before the
+    frames raise; its ``status`` says which) as the client received it, ``model`` the
+    client's — what the edge keeps for ``previous_response_id``. ``None`` until that event
+    has been relayed, and for every other stream. (A non-streamed ``responses`` call's
+    Response is its :class:`UpstreamReply`'s ``body``.)"""
     _closed: bool = field(default=False, init=False, repr=False)
 
     async def first(self) -> bytes:
@@ -230,7 +247,8 @@ class Executor(Protocol):
     def native_apis(self) -> frozenset[str]:
         """The APIs besides OpenAI's that the upstream serves itself and this executor relays
         (the provider's ``native_apis``: ``{"messages"}`` takes the ``messages`` and
-        ``messages/count_tokens`` endpoints); empty for every other executor."""
+        ``messages/count_tokens`` endpoints, ``{"responses"}`` the ``responses`` endpoint);
+        empty for every other executor."""
         ...
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:

@@ -179,7 +179,8 @@ _OLLAMA_CHAT: Final[dict[str, _Rule]] = {
     ),
     "response_format": _response_format,
     "tool_choice": _tool_choice,
-    "parallel_tool_calls": _parallel_tools,
+    # false: the adapter keeps the answer's first tool call only (Ollama cannot be told)
+    "parallel_tool_calls": _honoured,
     # Ollama's think: 0 turns it off, above 0 on (Ollama has no budget to enforce).
     "thinking_token_budget": _honoured,
     "reasoning_effort": _think_level,

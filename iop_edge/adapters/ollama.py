@@ -43,7 +43,10 @@ that is not a JSON object is a 400 naming it) and a ``role: "tool"`` message get
 ``type: "function"``, ``function.name`` and ``function.arguments`` as a JSON string;
 ``finish_reason`` is then ``tool_calls`` and ``content`` null when Ollama sent no text. Streamed,
 each Ollama chunk with ``tool_calls`` becomes a delta with ``tool_calls`` (``index`` counting
-every call of the answer).
+every call of the answer). Ollama cannot be told to call one tool at a time, so
+``parallel_tool_calls: false`` (what Codex sends) is kept by the edge: the answer carries the
+first call only, the others are dropped (the client calls that tool, sends its result, and
+the model asks again for what it still needs).
 
 Any other request field is checked by :func:`iop_edge.adapters.fields.refusal`: one this
 adapter cannot honour (``n: 2``, ``logprobs: true``...) is a 400 naming it, before any I/O.
@@ -380,6 +383,8 @@ class OllamaExecutor:
                 raise self._target.broken(url, "the answer has no message.content")
             calls = message.get("tool_calls")
             tool_calls = openai_tool_calls(calls, call.request_id, 0) if calls else None
+            if tool_calls and call.body.get("parallel_tool_calls") is False:
+                tool_calls = tool_calls[:1]  # (one call at most, as the request asked)
         except Exception as exc:
             raise upstream_error(self._target, url, exc) from exc
         usage = Usage()
@@ -425,7 +430,13 @@ class OllamaExecutor:
         usage = Usage()
         chunks = ChatChunks(call.request_id, call.answer_model)
         lines = _ChatLines(
-            self._target, url, usage, chunks, include_usage(call.body), call.request_id
+            self._target,
+            url,
+            usage,
+            chunks,
+            include_usage(call.body),
+            call.request_id,
+            single_call=call.body.get("parallel_tool_calls") is False,
         )
         return relay_lines(response, self._target, url, exchange, lines, usage, chunks.role())
 
@@ -438,6 +449,7 @@ class _ChatLines:
         "_calls",
         "_chunks",
         "_request_id",
+        "_single",
         "_target",
         "_url",
         "_usage",
@@ -455,8 +467,11 @@ class _ChatLines:
         chunks: ChatChunks,
         with_usage: bool,
         request_id: str,
+        *,
+        single_call: bool = False,
     ) -> None:
         self._target = target
+        self._single = single_call  # (parallel_tool_calls: false: the first call only)
         self._url = url
         self._usage = usage
         self._chunks = chunks
@@ -498,8 +513,11 @@ class _ChatLines:
                     converted = openai_tool_calls(calls, self._request_id, self._calls)
                 except ValueError as exc:
                     raise self._target.broken(self._url, str(exc)) from exc
-                frames += chunks.tool_calls(converted, self._calls)
-                self._calls += len(converted)
+                if self._single:
+                    converted = converted[: 1 - self._calls]
+                if converted:
+                    frames += chunks.tool_calls(converted, self._calls)
+                    self._calls += len(converted)
         if item.get("done") is True:
             self.done = True
             _read_counts(item, self._usage)

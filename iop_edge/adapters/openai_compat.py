@@ -23,8 +23,10 @@
   usage is read from it. Streaming: SSE events are relayed one by one as they arrive, each as
   ``data: <payload>\\n\\n`` (comments and ``event:``/``id:`` fields are dropped), until
   ``data: [DONE]``; a stream that ends without it is a failure.
-- ``native_apis`` (``messages``): Anthropic Messages calls are passed through too, to
-  ``{base_url}/messages`` — :mod:`iop_edge.adapters.anthropic_native` has their rules.
+- ``native_apis``: Anthropic Messages calls (``messages``) are passed through too, to
+  ``{base_url}/messages``, and OpenAI Responses calls (``responses``) to
+  ``{base_url}/responses`` — :mod:`iop_edge.adapters.anthropic_native` and
+  :mod:`iop_edge.adapters.responses_native` have their rules.
 - An upstream error status (400–599) is returned as an :class:`UpstreamReply` with that
   status: an OpenAI envelope passes through unchanged; any other body stays in the log and the
   client gets an envelope naming the provider. Any other status but 200 (1xx, 2xx other than
@@ -57,6 +59,11 @@ from iop_edge.adapters.base import (
 )
 from iop_edge.adapters.openai_format import DONE_FRAME, MODEL_KEY, dumps, read_usage, with_model
 from iop_edge.adapters.relay import relay_lines
+from iop_edge.adapters.responses_native import (
+    RESPONSES_ENDPOINT,
+    complete_responses,
+    open_responses_stream,
+)
 from iop_edge.adapters.tokenize import UpstreamTokenizer
 from iop_edge.adapters.upstream_http import (
     HttpBackend,
@@ -109,7 +116,8 @@ class OpenAICompatExecutor:
 
     @property
     def native_apis(self) -> frozenset[str]:
-        """The provider's ``native_apis`` (``{"messages"}``: Messages calls pass through)."""
+        """The provider's ``native_apis`` (``{"messages"}``: Messages calls pass through;
+        ``{"responses"}``: Responses calls do)."""
         return self._native_apis
 
     def _url(self, endpoint: Endpoint) -> str:
@@ -142,6 +150,8 @@ class OpenAICompatExecutor:
         """POST the call and return the upstream's JSON body as is, with its usage."""
         if call.endpoint in MESSAGES_ENDPOINTS:
             return await complete_messages(self._backend, self._target, call, self._native_apis)
+        if call.endpoint == RESPONSES_ENDPOINT:
+            return await complete_responses(self._backend, self._target, call, self._native_apis)
         url = self._url(call.endpoint)
         payload, _ = self._payload(call)
         got = await post_for_body(
@@ -163,6 +173,8 @@ class OpenAICompatExecutor:
         """POST the call; once the upstream answers 200, relay its SSE events as frames."""
         if call.endpoint in MESSAGES_ENDPOINTS:
             return await open_messages_stream(self._backend, self._target, call, self._native_apis)
+        if call.endpoint == RESPONSES_ENDPOINT:
+            return await open_responses_stream(self._backend, self._target, call, self._native_apis)
         url = self._url(call.endpoint)
         payload, hide_usage = self._payload(call)
         opened = await post_for_stream(

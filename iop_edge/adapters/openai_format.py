@@ -241,12 +241,16 @@ class ChatChunks:
         return b"data: " + orjson.dumps(frame) + b"\n\n"
 
 
-def with_model(raw: bytes, parsed: dict[str, Any], model: str) -> bytes:
-    """``raw`` (the JSON of ``parsed``) with its top-level ``model`` set to ``model``.
+def with_model(
+    raw: bytes, parsed: dict[str, Any], model: str, whole: dict[str, Any] | None = None
+) -> bytes:
+    """``raw`` (the JSON of ``whole``, or of ``parsed`` when ``whole`` is None) with the
+    ``model`` of ``parsed`` set to ``model``: ``parsed`` is the top-level object, or an object
+    inside ``whole`` (a stream event's message or response).
 
     The upstream's ``"model":"<name>"`` is replaced in the bytes when the compact form occurs
     exactly once (a ``"model":`` inside a string would be escaped, so a single occurrence is the
-    key); otherwise ``parsed`` is re-encoded. Nothing is done when the name already matches.
+    key); otherwise the object is re-encoded. Nothing is done when the name already matches.
     """
     current = parsed.get("model")
     if current == model:
@@ -257,4 +261,4 @@ def with_model(raw: bytes, parsed: dict[str, Any], model: str) -> bytes:
         if at >= 0 and raw.find(needle, at + 1) < 0:
             return raw[:at] + MODEL_KEY + orjson.dumps(model) + raw[at + len(needle) :]
     parsed["model"] = model
-    return dumps(parsed)
+    return dumps(parsed if whole is None else whole)

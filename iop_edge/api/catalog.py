@@ -124,6 +124,8 @@ class Catalog:
     allowed_listings: Mapping[str, tuple[ListedModel, ...]] = field(default_factory=dict)
     #: provider id → its stream bounds (live), for the providers that set one
     stream_bounds: Mapping[str, StreamBounds] = field(default_factory=dict)
+    #: ``openai.responses_store``: ``max_items``, ``max_bytes``, ``ttl_ms`` (live)
+    responses_store: tuple[int, int, int] = (1000, 64 * 1024 * 1024, 3_600_000)
 
     def share_of(self, principal_ref: str, token_ref: str) -> str:
         """The ref a request is shared, capped and allow-listed under: its token's
@@ -236,6 +238,11 @@ def build_catalog(config: EdgeConfig, created: Callable[[str], int] = lambda _: 
                 for p in n.providers
                 if p.first_token_timeout_ms is not None or p.stream_idle_timeout_ms is not None
             }
+        ),
+        responses_store=(
+            config.openai.responses_store.max_items,
+            config.openai.responses_store.max_bytes,
+            config.openai.responses_store.ttl_ms,
         ),
     )
 

@@ -46,6 +46,9 @@ class ChatRenderer:
         upstream's first frame; given for the protocol, as a final error event."""
         return b"data: " + reply.body + b"\n\n"
 
+    def stream_finished(self, final_response: bytes | None) -> None:
+        """Nothing to do at the end of the stream."""
+
 
 _RENDERER: Final = ChatRenderer()
 

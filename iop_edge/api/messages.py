@@ -133,6 +133,9 @@ class TranslatedRenderer:
         """An upstream's error status, after the stream's head went out: an ``error`` event."""
         return _error_event(upstream_error_type(reply.status), _upstream_message(reply))
 
+    def stream_finished(self, final_response: bytes | None) -> None:
+        """Nothing to do at the end of the stream."""
+
 
 class PassthroughRenderer:
     """An attempt on a provider that speaks Messages: its answer as it came (the adapter set
@@ -163,6 +166,9 @@ class PassthroughRenderer:
         if isinstance(parsed, dict) and parsed.get("type") == "error":
             return b"event: error\ndata: " + reply.body.strip() + b"\n\n"
         return _error_event(upstream_error_type(reply.status), _upstream_message(reply))
+
+    def stream_finished(self, final_response: bytes | None) -> None:
+        """Nothing to do at the end of the stream."""
 
 
 _PASSTHROUGH: Final = PassthroughRenderer()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
@@ -39,6 +39,8 @@ from iop_edge.api.model_list import ANTHROPIC_DEFAULT_LIMIT, ANTHROPIC_MAX_LIMIT
 from iop_edge.api.record import RequestObserver, RequestRecord
 from iop_edge.api.request_path import RequestPath, error_response
 from iop_edge.api.request_path import request_id as _request_id
+from iop_edge.api.responses import ResponsesSurface, deleted_body, owner_of, stored_body
+from iop_edge.api.responses_store import ResponsesStore
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.envelope import envelope
 from iop_edge.errors import IopEdgeError, RequestError
@@ -89,6 +91,15 @@ class OpenAIServer(RequestPath):
         )
         #: the process's phase, read here, moved by the daemon
         self.lifecycle = lifecycle
+        limits = config.openai.responses_store
+        #: the stored responses of /v1/responses (in memory: a restart starts it empty)
+        self.responses_store = ResponsesStore(
+            max_items=limits.max_items,
+            max_bytes=limits.max_bytes,
+            ttl=limits.ttl_ms / 1000,
+            clock=clock,
+        )
+        self._responses = ResponsesSurface(lambda: self.responses_store)
         #: the routes build_app added (what a 405's Allow is computed from)
         self._known: tuple[web.AbstractResource, ...] = ()
 
@@ -100,8 +111,13 @@ class OpenAIServer(RequestPath):
 
     def swap_catalog(self, catalog: Catalog) -> None:
         """Serve new requests from ``catalog`` (requests in flight keep the one they started
-        with for their policy; their upstream target is read after admission)."""
+        with for their policy; their upstream target is read after admission), and bound the
+        stored responses by its limits (shrinking the store at once if they are lower)."""
         self.catalog = catalog
+        max_items, max_bytes, ttl_ms = catalog.responses_store
+        self.responses_store.reconfigure(
+            max_items=max_items, max_bytes=max_bytes, ttl=ttl_ms / 1000
+        )
 
     def build_app(self) -> web.Application:
         """The aiohttp application (body limit: ``openai.max_body_bytes``). With
@@ -115,6 +131,11 @@ class OpenAIServer(RequestPath):
             "/v1/messages", functools.partial(self._serve, surface=MESSAGES_SURFACE)
         )
         app.router.add_post("/v1/messages/count_tokens", TokenCounter(self).serve)
+        app.router.add_post(
+            "/v1/responses", functools.partial(self._serve, surface=self._responses)
+        )
+        app.router.add_get("/v1/responses/{response_id}", self.get_response)
+        app.router.add_delete("/v1/responses/{response_id}", self.delete_response)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model_id:.+}", self.get_model)
         app.router.add_get("/healthz", self.healthz)
@@ -172,8 +193,9 @@ class OpenAIServer(RequestPath):
             record.status, record.code = 404, "unknown_url"
             message = (
                 f"Unknown request URL: {method} {shown}. This edge serves POST "
-                "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages and "
-                "/v1/messages/count_tokens, and GET /v1/models."
+                "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages, "
+                "/v1/messages/count_tokens and /v1/responses, GET /v1/models and GET or DELETE "
+                "/v1/responses/{id}."
             )
         record.error = message
         record.duration = self.clock.now() - record.started
@@ -184,6 +206,41 @@ class OpenAIServer(RequestPath):
             content_type=_JSON,
             headers=headers,
         )
+
+    async def get_response(self, request: web.Request) -> web.Response:
+        """``GET /v1/responses/{id}``: a response this principal stored (404 otherwise)."""
+        return await self._stored(request, "responses.get", stored_body)
+
+    async def delete_response(self, request: web.Request) -> web.Response:
+        """``DELETE /v1/responses/{id}``: forget a response this principal stored."""
+        return await self._stored(request, "responses.delete", deleted_body)
+
+    async def _stored(
+        self,
+        request: web.Request,
+        endpoint: str,
+        answer: Callable[[ResponsesStore | None, str, str], bytes],
+    ) -> web.Response:
+        """A request on a stored response: authenticated, answered from the store, with its
+        request line (endpoint ``responses.get`` / ``responses.delete``)."""
+        record = RequestRecord(_request_id(request), endpoint, self.clock.now())
+        try:
+            self.guard.check(request.headers)
+            record.principal = self.auth.authenticate_headers(request.headers)
+            body = answer(
+                self.responses_store, request.match_info["response_id"], owner_of(record.principal)
+            )
+            record.status = 200
+            return web.Response(
+                body=body, content_type=_JSON, headers={"x-request-id": record.request_id}
+            )
+        except IopEdgeError as exc:
+            record.status, record.code, _ = describe(exc)
+            record.error = str(exc)
+            return error_response(exc, record.request_id, render=envelope)
+        finally:
+            record.duration = self.clock.now() - record.started
+            self.finish(record)
 
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /v1/models``: every model group, alias and model route the caller may use; in

@@ -74,6 +74,11 @@ class Renderer(Protocol):
         answered an error status: that error, as the stream's last event."""
         ...
 
+    def stream_finished(self, final_response: bytes | None) -> None:
+        """The stream was relayed whole (``final_response``: the last Response a passthrough
+        upstream of the Responses API sent, else ``None``)."""
+        ...
+
 
 class SurfaceRequest(Protocol):
     """One request of a surface, parsed."""

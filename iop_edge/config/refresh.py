@@ -10,8 +10,9 @@ unapplied). What is live:
 - ``models[]``: add, remove, and every field (aliases, display name, context window, provider
   list, generation policy)
 - ``nodes[].runtime`` (legacy node runtime concurrency metadata)
-- ``provider_pool.*`` (fair share, principals, failover, health), and
-  ``openai.model_routes[].capacity``
+- ``provider_pool.*`` (fair share, principals, failover, health),
+  ``openai.model_routes[].capacity``, and ``openai.responses_store.*`` (the bounds of the
+  stored responses of ``/v1/responses``)
 
 Everything else is restart-class: edge identity, ``listen``, ``bootstrap``, ``logging``,
 ``reload``, ``metrics``, ``console``, ``control_plane``, ``a2a``, ``openai`` (any deep change,
@@ -262,12 +263,15 @@ def _diff_openai(diff: _Diff, running: EdgeConfig, candidate: EdgeConfig) -> Non
     old, new = running.openai, candidate.openai
     if old == new:
         return
-    skip = {"principal_tokens", "model_routes"}
+    skip = {"principal_tokens", "model_routes", "responses_store"}
     diff.leaves(
         "openai",
         old.model_dump(mode="json", exclude_none=True, exclude=skip),
         new.model_dump(mode="json", exclude_none=True, exclude=skip),
         "restart",
+    )
+    diff.leaves(
+        "openai.responses_store", _dump(old.responses_store), _dump(new.responses_store), "live"
     )
     for a, b in diff.entities(
         "openai.principal_tokens",
@@ -343,7 +347,12 @@ def apply_live(running: EdgeConfig, candidate: EdgeConfig) -> EdgeConfig:
     )
     return running.model_copy(
         update={
-            "openai": running.openai.model_copy(update={"model_routes": routes}),
+            "openai": running.openai.model_copy(
+                update={
+                    "model_routes": routes,
+                    "responses_store": candidate.openai.responses_store,
+                }
+            ),
             "long_context_threshold_tokens": candidate.long_context_threshold_tokens,
             "provider_pool": candidate.provider_pool,
             "models": candidate.models,

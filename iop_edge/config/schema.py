@@ -50,6 +50,16 @@ DEFAULT_KEEPALIVE_TIMEOUT_MS: Final = 75_000
 DEFAULT_HEADER_TIMEOUT_MS: Final = 10_000
 DEFAULT_WRITE_TIMEOUT_MS: Final = 30_000
 DEFAULT_MAX_CONNECTIONS: Final = 4096
+# The stored responses of /v1/responses (issue 28; docs/configuration.md, "openai").
+DEFAULT_RESPONSES_MAX_ITEMS: Final = 1000
+DEFAULT_RESPONSES_MAX_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_RESPONSES_TTL_MS: Final = 3_600_000
+#: An entry costs 0.5-1 KiB of memory besides its counted bytes (its id, its place in two
+#: orders, the allocator's share; bench/bench_responses_store.py): the cap keeps that
+#: uncounted part under about 1 GiB.
+MAX_RESPONSES_ITEMS: Final = 1_000_000
+#: 30 days, as long as OpenAI keeps a stored response; the store forgets on a restart anyway.
+MAX_RESPONSES_TTL_MS: Final = 30 * 24 * 3_600_000
 # Health and failover (SPEC §5.1; docs/admission.md, "Health and failover").
 DEFAULT_MAX_ATTEMPTS: Final = 2
 DEFAULT_FAILURE_THRESHOLD: Final = 3
@@ -102,6 +112,17 @@ def _positive(value: int) -> int:
     if value <= 0:
         raise ValueError(f"{value} is not positive; {{field}} must be > 0")
     return value
+
+
+def _at_most(limit: int, why: str) -> AfterValidator:
+    """A validator refusing values above ``limit``, saying ``why`` the limit is there."""
+
+    def check(value: int) -> int:
+        if value > limit:
+            raise ValueError(f"{value} is above {limit}; {{field}} must be <= {limit} ({why})")
+        return value
+
+    return AfterValidator(check)
 
 
 def _at_least_one(value: int) -> int:
@@ -341,11 +362,32 @@ def _origin(value: str) -> str:
 Origin = Annotated[str, AfterValidator(_origin)]
 
 
+class ResponsesStoreSection(_Section):
+    """``openai.responses_store``: the in-memory store of ``/v1/responses``
+    (:mod:`iop_edge.api.responses_store`), which ``previous_response_id`` and
+    ``GET``/``DELETE /v1/responses/{id}`` read.
+
+    At most ``max_items`` responses and ``max_bytes`` bytes (each response's JSON plus its
+    conversation's; least recently used out first; ``max_bytes`` >= ``openai.max_body_bytes``,
+    checked in :mod:`iop_edge.config.validate`), each kept ``ttl_ms`` from when it was stored.
+    Live. Nothing survives a restart.
+    """
+
+    max_items: Annotated[
+        Positive, _at_most(MAX_RESPONSES_ITEMS, "each entry also costs memory max_bytes omits")
+    ] = DEFAULT_RESPONSES_MAX_ITEMS
+    max_bytes: Positive = DEFAULT_RESPONSES_MAX_BYTES
+    ttl_ms: Annotated[
+        Positive, _at_most(MAX_RESPONSES_TTL_MS, "30 days, the longest OpenAI keeps a response")
+    ] = DEFAULT_RESPONSES_TTL_MS
+
+
 class OpenAISection(_Section):
     """``openai``: the OpenAI-compatible listener, its principals and its route catalog.
 
     ``allowed_origins`` lists the browser origins (web pages) allowed to call the surface; a
     request carrying any other ``Origin`` header is refused (:mod:`iop_edge.api.guard`).
+    ``responses_store`` bounds the stored responses of ``/v1/responses`` (live).
     """
 
     listen: Address = "127.0.0.1:8080"
@@ -359,6 +401,7 @@ class OpenAISection(_Section):
     provider_auth: ProviderAuth = ProviderAuth()
     model_routes: tuple[ModelRoute, ...] = ()
     allowed_origins: tuple[Origin, ...] = ()
+    responses_store: ResponsesStoreSection = ResponsesStoreSection()
 
 
 # --- queue policy and model groups ----------------------------------------------------------
@@ -451,11 +494,12 @@ class ModelGroup(_Section):
 AdapterType = Literal["openai_compat", "ollama", "cli"]
 ProviderType = Literal["openai_compat", "ollama", "cli", "seulgivibe_claude", "seulgivibe_openai"]
 OutputFormat = Literal["text", "json", "stream-json"]
-NativeApi = Literal["messages"]
-"""An API besides OpenAI's that an ``openai_compat`` upstream serves itself, so the edge passes
-its requests through instead of translating them (``native_apis``): ``messages``, Anthropic
-Messages (``{base_url}/messages`` and ``{base_url}/messages/count_tokens``). The one list of
-them: a new one (issue 28: ``responses``) is added here."""
+NativeApi = Literal["messages", "responses"]
+"""An API besides OpenAI's chat that an ``openai_compat`` upstream serves itself, so the edge
+passes its requests through instead of translating them (``native_apis``): ``messages``,
+Anthropic Messages (``{base_url}/messages`` and ``{base_url}/messages/count_tokens``);
+``responses``, OpenAI Responses (``{base_url}/responses``). The one list of them: a new one is
+added here."""
 NATIVE_APIS: Final[tuple[NativeApi, ...]] = get_args(NativeApi)
 """Every :data:`NativeApi`, in order."""
 #: The runtime types that may declare ``native_apis``: the others never speak an API but their

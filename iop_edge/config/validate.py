@@ -113,6 +113,21 @@ class _Checker:
                 "is empty; add principal tokens (iop-edge token new) or set "
                 "openai.allow_anonymous: true to serve without authentication",
             )
+        self.responses_store()
+
+    def responses_store(self) -> None:
+        """The response store must hold at least one request of the largest body the edge
+        accepts: below that, the conversations of large requests would be refused by the store
+        one by one, and ``previous_response_id`` would fail on them with no config error."""
+        section = self.config.openai
+        store = section.responses_store
+        if store.max_bytes < section.max_body_bytes:
+            self.problem(
+                "openai.responses_store.max_bytes",
+                f"{store.max_bytes} is below openai.max_body_bytes {section.max_body_bytes}; "
+                "the store must hold at least one request of the largest body the edge "
+                "accepts, so max_bytes >= max_body_bytes (lower max_body_bytes too)",
+            )
 
     # -- nodes, adapters, providers ----------------------------------------------------------
 

@@ -18,8 +18,11 @@ Errors use the OpenAI envelope ``{"error": {"message", "type", "param", "code"}}
 
 Like vLLM, llama.cpp and Ollama it also serves Anthropic Messages natively,
 ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``, in Anthropic's shapes, errors
-included (:mod:`~iop_edge.testing.fake_messages`); ``serves_messages=False`` makes a chat-only
-server, which answers them 404.
+included (:mod:`~iop_edge.testing.fake_messages`); ``serves_messages=False`` makes a server
+without them, which answers them 404. Like vLLM and llama.cpp it serves OpenAI Responses,
+``POST /v1/responses``, Response objects and their event stream
+(:mod:`~iop_edge.testing.fake_responses`); ``serves_responses=False`` makes a server without
+it (404).
 
 **The reply** echoes the last user message (the prompt, for ``/v1/completions``) unless
 :attr:`FakeBehavior.reply` fixes it. It is cut at the first ``stop`` sequence (finish reason
@@ -63,6 +66,7 @@ from iop_edge.testing.fake_behavior import (
     FakeBehavior,
 )
 from iop_edge.testing.fake_messages import FakeMessagesUpstream
+from iop_edge.testing.fake_responses import FakeResponsesUpstream
 from iop_edge.testing.fake_tokenizer import FakeTokenizer, FakeTokenizerRoutes
 from iop_edge.testing.fake_upstream import (
     FAKE_EMBEDDING_DIMENSIONS,
@@ -89,9 +93,10 @@ __all__ = [
 ]
 
 
-class FakeOpenAI(FakeMessagesUpstream, FakeTokenizerRoutes):
+class FakeOpenAI(FakeMessagesUpstream, FakeResponsesUpstream, FakeTokenizerRoutes):
     """A fake OpenAI-compatible server (``/v1/chat/completions``, ``/v1/completions``, models,
-    and Anthropic's ``/v1/messages`` unless ``serves_messages`` is false).
+    Anthropic's ``/v1/messages`` unless ``serves_messages`` is false, and ``/v1/responses``
+    unless ``serves_responses`` is false).
 
     ``api_key``, when set, must arrive as ``Authorization: Bearer <api_key>`` or the request
     gets 401 ``invalid_api_key``, like the real API (the Messages routes also take it as
@@ -116,6 +121,7 @@ class FakeOpenAI(FakeMessagesUpstream, FakeTokenizerRoutes):
         strict_models: bool = False,
         api_key: str | None = None,
         serves_messages: bool = True,
+        serves_responses: bool = True,
         record_limit: int = 1000,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -126,6 +132,8 @@ class FakeOpenAI(FakeMessagesUpstream, FakeTokenizerRoutes):
         self.serves_messages = serves_messages
         """Whether ``/v1/messages`` is served (fixed at construction: a chat-only server's
         routes do not change)."""
+        self.serves_responses = serves_responses
+        """Whether ``/v1/responses`` is served (fixed at construction)."""
         super().__init__(
             behavior=behavior,
             models=models,
@@ -149,6 +157,8 @@ class FakeOpenAI(FakeMessagesUpstream, FakeTokenizerRoutes):
         self._add_tokenizer_routes(router)
         if self.serves_messages:
             self._add_messages_routes(router)
+        if self.serves_responses:
+            self._add_responses_routes(router)
 
     def _error_response(
         self, status: int, message: str, *, param: str | None = None, code: str | None = None

@@ -15,11 +15,16 @@ module                         job
                                tools, the neutral reasoning request
 ``chat_events``                chat chunks / a chat completion → events / an answer
 ``sse``                        reading the adapters' SSE frames, writing a surface's events
+``request_checks``             the checks of a request's values, the 400 of each refusal
 ``messages_request``           Anthropic Messages request → internal form (top-level fields)
 ``messages_content``           its messages and system prompt → chat messages
 ``messages_reply``             answer → Anthropic Message
 ``messages_stream``            events → Anthropic Messages event stream
 ``anthropic_errors``           the edge's error codes → Anthropic's error types and statuses
+``responses_request``          OpenAI Responses request → internal form (top-level fields)
+``responses_input``            its input items and stored history → chat messages
+``responses_reply``            answer → Responses ``response`` object
+``responses_stream``           events → Responses event stream
 ``count_tokens``               the estimate of ``/v1/messages/count_tokens``
 =============================  ==================================================================
 

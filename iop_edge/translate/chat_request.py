@@ -32,6 +32,7 @@ __all__ = [
     "assistant_message",
     "function_tool",
     "image_part",
+    "message_content",
     "text_part",
     "tool_call",
     "tool_message",
@@ -81,6 +82,14 @@ def text_part(text: str) -> dict[str, Any]:
 def image_part(url: str) -> dict[str, Any]:
     """A chat ``image_url`` content part (``url`` a ``data:`` URL or an ``http(s)`` URL)."""
     return {"type": "image_url", "image_url": {"url": url}}
+
+
+def message_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's chat content: one text part alone as a plain string (as a chat client sends
+    it), else the parts."""
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        return str(parts[0]["text"])
+    return parts
 
 
 def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:

@@ -26,8 +26,8 @@ Dropped without a word: ``cache_control`` on any block (the upstreams cache pref
 themselves), a text block's ``citations``, and any key of a block or message not named above
 (the API adds display and bookkeeping keys to blocks often; none of them changes what the model
 reads). Anything else is a :class:`~iop_edge.errors.RequestError` naming its path
-(``messages[3].content[1].type``), the value and the rule; :func:`refusal` builds them for the
-whole request.
+(``messages[3].content[1].type``), the value and the rule (built by
+:mod:`iop_edge.translate.request_checks`, as for the whole request).
 """
 
 from __future__ import annotations
@@ -39,49 +39,18 @@ from iop_edge.errors import RequestError
 from iop_edge.translate.chat_request import (
     assistant_message,
     image_part,
+    message_content,
     text_part,
     tool_call,
     tool_message,
 )
+from iop_edge.translate.request_checks import object_at, refusal, shown, string_at
 from iop_edge.translate.sse import dumps
 
-__all__ = [
-    "BILLING_HEADER",
-    "object_at",
-    "refusal",
-    "shown",
-    "string_at",
-    "system_text",
-    "translate_messages",
-]
+__all__ = ["BILLING_HEADER", "system_text", "translate_messages"]
 
 BILLING_HEADER: Final = "x-anthropic-billing-header:"
 _IMAGE_SOURCES: Final = "base64 or url"
-
-
-def refusal(path: str, rule: str) -> RequestError:
-    """The 400 for the value at ``path``: ``<path>: <rule>.``, ``param`` the path."""
-    return RequestError("invalid_request_error", f"{path}: {rule}.", status=400, param=path)
-
-
-def shown(value: object) -> str:
-    """A value as an error message quotes it (its repr, cut at 60 characters)."""
-    return f"{value!r:.60}"
-
-
-def string_at(value: object, path: str, *, empty: bool = False) -> str:
-    """``value``, checked to be a string (non-empty unless ``empty``)."""
-    if not isinstance(value, str) or (not value and not empty):
-        what = "a string" if empty else "a non-empty string"
-        raise refusal(path, f"must be {what}, not {shown(value)}")
-    return value
-
-
-def object_at(value: object, path: str) -> Mapping[str, Any]:
-    """``value``, checked to be an object."""
-    if not isinstance(value, Mapping):
-        raise refusal(path, f"must be an object, not {shown(value)}")
-    return value
 
 
 def _blocks(content: object, path: str) -> list[Mapping[str, Any]]:
@@ -139,13 +108,6 @@ def _image_url(block: Mapping[str, Any], where: str) -> str:
     )
 
 
-def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    """A turn's chat content: one text part alone as a plain string, else the parts."""
-    if len(parts) == 1 and parts[0]["type"] == "text":
-        return str(parts[0]["text"])
-    return parts
-
-
 def _tool_result(block: Mapping[str, Any], where: str) -> tuple[dict[str, Any], list[Any]]:
     """A ``tool_result`` block: its tool message and the image parts it carried."""
     call_id = string_at(block.get("tool_use_id"), f"{where}.tool_use_id")
@@ -191,7 +153,7 @@ def _user_turn(content: object, path: str) -> list[dict[str, Any]]:
         else:
             raise _unsupported(block, where, "text, image and tool_result blocks in a user turn")
     if images or parts:
-        return [*tools, {"role": "user", "content": _content(images + parts)}]
+        return [*tools, {"role": "user", "content": message_content(images + parts)}]
     return tools if tools else [{"role": "user", "content": ""}]
 
 

@@ -52,14 +52,8 @@ from iop_edge.translate.chat_request import (
     ReasoningRequest,
     function_tool,
 )
-from iop_edge.translate.messages_content import (
-    object_at,
-    refusal,
-    shown,
-    string_at,
-    system_text,
-    translate_messages,
-)
+from iop_edge.translate.messages_content import system_text, translate_messages
+from iop_edge.translate.request_checks import number_at, object_at, refusal, shown, string_at
 
 __all__ = ["DROPPED_FIELDS", "REFUSED_FIELDS", "translate_request"]
 
@@ -101,14 +95,6 @@ _TRANSLATED: Final = frozenset(
     }
 )
 _EFFORTS: Final = frozenset(get_args(ReasoningEffort)) - {"minimal"}
-
-
-def _number(value: object, path: str, *, integer: bool = False) -> int | float:
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
-        what = "a non-negative integer" if integer else "a non-negative number"
-        raise refusal(path, f"must be {what}, not {shown(value)}")
-    return value
 
 
 def _tools(value: object) -> list[dict[str, Any]]:
@@ -257,7 +243,7 @@ def translate_request(body: Mapping[str, Any], *, counting: bool = False) -> Int
         chat["stream_options"] = {"include_usage": True}
     for name in ("temperature", "top_p", "top_k"):
         if body.get(name) is not None:
-            chat[name] = _number(body[name], name, integer=name == "top_k")
+            chat[name] = number_at(body[name], name, integer=name == "top_k")
     stops = (
         _stop_sequences(body["stop_sequences"]) if body.get("stop_sequences") is not None else ()
     )

@@ -5,19 +5,25 @@ answer and the event stream as they came but for ``model``, usage from ``message
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 
 from iop_edge.adapters import AdapterSet, Executor, UpstreamCall, UpstreamReply
 from iop_edge.adapters.base import UnsupportedRequestError
 from iop_edge.errors import AdapterError
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.helpers.adapters import chat, collect, frames_until_error, serve
+from tests.helpers.adapters import (
+    CannedUpstream,
+    chat,
+    collect,
+    frames_until_error,
+    run_call,
+    serve,
+)
 
 SetFactory = Callable[..., AdapterSet]
 
@@ -77,56 +83,16 @@ def executor(sets: SetFactory, fake: FakeOpenAI) -> Executor:
     return provider_set(sets, fake.base_url).for_provider("p1")
 
 
-class Upstream:
-    """A hand-written upstream: answers each POST with ``chunks`` (one write each) and keeps
-    what it received."""
-
-    def __init__(
-        self,
-        chunks: Sequence[bytes],
-        *,
-        status: int = 200,
-        content_type: str = "text/event-stream",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.chunks = chunks
-        self.status = status
-        self.content_type = content_type
-        self.headers = headers or {}
-        self.received: list[tuple[str, Any]] = []
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.received.append((request.path, orjson.loads(await request.read())))
-        response = web.StreamResponse(
-            status=self.status, headers={"Content-Type": self.content_type, **self.headers}
-        )
-        await response.prepare(request)
-        for chunk in self.chunks:
-            await response.write(chunk)
-        await response.write_eof()
-        return response
-
-
 async def run_upstream(
-    sets: SetFactory, upstream: Upstream, call: UpstreamCall, path: str = "/v1/messages"
+    sets: SetFactory, upstream: CannedUpstream, call: UpstreamCall, path: str = "/v1/messages"
 ) -> Any:
     """The executor's result for ``call`` against ``upstream`` (a stream's frames collected,
-    or its error with the frames before it)."""
+    with its error, or None, and its usage)."""
     async with serve(path, upstream.handle) as origin:
-        executor = provider_set(sets, f"{origin}/v1").for_provider("p1")
-        if not call.stream:
-            return await executor.complete(call)
-        opened = await executor.open_stream(call)
-        if isinstance(opened, UpstreamReply):
-            return opened
-        received: list[bytes] = []
-        try:
-            async with opened:
-                async for piece in opened.frames:
-                    received.append(piece)
-        except AdapterError as exc:
-            return b"".join(received), exc, opened.usage
-        return b"".join(received), None, opened.usage
+        got = await run_call(provider_set(sets, f"{origin}/v1").for_provider("p1"), call)
+    if isinstance(got, UpstreamReply):
+        return got
+    return got.frames, got.error, got.stream.usage
 
 
 def test_only_an_openai_compat_provider_that_declares_it_has_native_apis(sets):
@@ -183,7 +149,7 @@ async def test_a_message_is_relayed_byte_for_byte_but_for_model_and_usage_counts
         b'"stop_sequence":null,"usage":{"input_tokens":5,"cache_read_input_tokens":100,'
         b'"cache_creation_input_tokens":20,"output_tokens":7},"x":  1}'
     )
-    upstream = Upstream([raw], content_type="application/json")
+    upstream = CannedUpstream([raw], content_type="application/json")
     reply = await run_upstream(sets, upstream, messages())
     assert reply.body == raw.replace(b'"model":"fake-model"', b'"model":"claude-sonnet-4-5"')
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (125, 7)
@@ -323,7 +289,7 @@ RELAYED = RELAYED_START + BLOCKS + DELTA + STOP
     ],
 )
 async def test_the_stream_is_relayed_byte_for_byte_but_for_model_in_message_start(sets, cut):
-    upstream = Upstream(cut(STREAM))
+    upstream = CannedUpstream(cut(STREAM))
     relayed, error, usage = await run_upstream(sets, upstream, messages(stream=True))
     assert error is None
     assert relayed == RELAYED
@@ -336,14 +302,14 @@ async def test_events_other_than_start_delta_and_error_are_not_decoded(sets):
     # (their bytes are relayed as they came: decoding every event was a chat stream's most CPU)
     odd = event("content_block_delta", b"{not json, and never read}")
     relayed, error, _ = await run_upstream(
-        sets, Upstream([START + odd + DELTA + STOP]), messages(stream=True)
+        sets, CannedUpstream([START + odd + DELTA + STOP]), messages(stream=True)
     )
     assert error is None
     assert odd in relayed
 
 
 async def test_events_framed_otherwise_are_framed_exactly(sets):
-    upstream = Upstream(
+    upstream = CannedUpstream(
         [
             b": keep-alive\r\n\r\n",
             START.replace(b"\n", b"\r\n").replace(b"data: ", b"data:"),
@@ -374,7 +340,7 @@ async def test_an_upstream_error_event_is_relayed_as_it_came_then_the_stream_fai
         "error",
         b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}',
     )
-    upstream = Upstream([START + BLOCKS[:200], BLOCKS[200:] + error_event + b"event: ping\n"])
+    upstream = CannedUpstream([START + BLOCKS[:200], BLOCKS[200:] + error_event + b"event: ping\n"])
     relayed, error, _ = await run_upstream(sets, upstream, messages(stream=True))
     assert relayed == RELAYED_START + BLOCKS + error_event
     assert isinstance(error, AdapterError)
@@ -390,7 +356,9 @@ async def test_an_upstream_error_event_is_relayed_as_it_came_then_the_stream_fai
 
 
 async def test_a_stream_that_ends_before_message_stop_fails_without_relaying_an_end(sets):
-    relayed, error, _ = await run_upstream(sets, Upstream([START, DELTA]), messages(stream=True))
+    relayed, error, _ = await run_upstream(
+        sets, CannedUpstream([START, DELTA]), messages(stream=True)
+    )
     assert relayed == RELAYED_START + DELTA
     assert isinstance(error, AdapterError)
     assert error.error_relayed is False
@@ -400,7 +368,7 @@ async def test_a_stream_that_ends_before_message_stop_fails_without_relaying_an_
 async def test_an_error_event_cut_by_the_end_of_the_body_is_not_relayed(sets):
     error_event = b'event: error\ndata: {"type":"error","error":{"type":"api_error"}}\n\r'
     relayed, error, _ = await run_upstream(
-        sets, Upstream([START, error_event]), messages(stream=True)
+        sets, CannedUpstream([START, error_event]), messages(stream=True)
     )
     assert relayed == RELAYED_START
     assert isinstance(error, AdapterError)
@@ -410,14 +378,14 @@ async def test_an_error_event_cut_by_the_end_of_the_body_is_not_relayed(sets):
 
 async def test_a_broken_message_start_fails_before_anything_is_relayed(sets):
     broken = event("message_start", b'{"type":"message_start","message":')
-    relayed, error, _ = await run_upstream(sets, Upstream([broken]), messages(stream=True))
+    relayed, error, _ = await run_upstream(sets, CannedUpstream([broken]), messages(stream=True))
     assert relayed == b""
     assert isinstance(error, AdapterError)
     assert "an event is not valid JSON" in str(error)
 
 
 async def test_a_json_answer_to_a_streamed_call_is_an_upstream_error(sets):
-    upstream = Upstream([b'{"type":"message"}'], content_type="application/json")
+    upstream = CannedUpstream([b'{"type":"message"}'], content_type="application/json")
     with pytest.raises(AdapterError, match="a JSON body instead of an event stream"):
         await run_upstream(sets, upstream, messages(stream=True))
 
@@ -453,7 +421,7 @@ ANTHROPIC_ERROR = (
 
 @pytest.mark.parametrize("stream", [False, True], ids=["complete", "open_stream"])
 async def test_an_error_status_comes_back_with_its_body_as_it_came(sets, stream):
-    upstream = Upstream([ANTHROPIC_ERROR], status=529, content_type="application/json")
+    upstream = CannedUpstream([ANTHROPIC_ERROR], status=529, content_type="application/json")
     reply = await run_upstream(sets, upstream, messages(stream=stream))
     assert isinstance(reply, UpstreamReply)
     assert (reply.status, reply.body) == (529, ANTHROPIC_ERROR)
@@ -462,7 +430,7 @@ async def test_an_error_status_comes_back_with_its_body_as_it_came(sets, stream)
 
 async def test_a_429_carries_its_retry_after(sets):
     body = b'{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}'
-    upstream = Upstream(
+    upstream = CannedUpstream(
         [body], status=429, content_type="application/json", headers={"Retry-After": "7"}
     )
     reply = await run_upstream(sets, upstream, messages())
@@ -470,7 +438,7 @@ async def test_a_429_carries_its_retry_after(sets):
 
 
 async def test_an_error_body_that_is_not_json_stays_in_the_log(sets):
-    upstream = Upstream([b"<html>Bad Gateway</html>"], status=502, content_type="text/html")
+    upstream = CannedUpstream([b"<html>Bad Gateway</html>"], status=502, content_type="text/html")
     reply = await run_upstream(sets, upstream, messages(stream=True))
     assert reply.status == 502
     assert orjson.loads(reply.body) == {

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 
@@ -25,6 +26,8 @@ from iop_edge.testing.fake_ollama import FakeOllama, fake_thinking
 from iop_edge.testing.fake_upstream import fake_embedding
 from tests.helpers import pass_deadline
 from tests.helpers.adapters import (
+    CannedUpstream,
+    Relayed,
     chat,
     collect,
     content_of,
@@ -32,6 +35,7 @@ from tests.helpers.adapters import (
     frames_until_error,
     payloads,
     reply_json,
+    run_call,
     serve,
 )
 
@@ -324,7 +328,6 @@ async def test_completions_endpoint_is_an_invalid_request(
         ("top_logprobs", 3),
         ("logit_bias", {"50256": -100}),
         ("tool_choice", "required"),
-        ("parallel_tool_calls", False),
         ("functions", [{"name": "f"}]),
         ("modalities", ["text", "audio"]),
         ("reasoning_effort", "extreme"),
@@ -548,3 +551,43 @@ async def test_the_thinking_ollama_answers_comes_back_as_reasoning_content(
     first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
     assert deltas.index({"reasoning_content": fake_thinking("why")}) < first_content
     assert content_of(frames) == "why"
+
+
+TWO_CALLS: Any = [
+    {"function": {"name": "read", "arguments": {"path": "a"}}},
+    {"function": {"name": "read", "arguments": {"path": "b"}}},
+]
+TOOL: Any = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_parallel_tool_calls_false_keeps_the_first_call_only(
+    sets: SetFactory, stream: bool
+) -> None:
+    """Ollama cannot be told to call one tool at a time (what Codex asks for): the edge keeps
+    the answer's first call and drops the rest; without the field both come back."""
+    message = {"role": "assistant", "content": "", "tool_calls": TWO_CALLS}
+    whole = {"model": "m", "message": message, "done": True, "done_reason": "stop"}
+    last = {**whole, "message": {"role": "assistant", "content": ""}}
+    lines = [
+        orjson.dumps({"model": "m", "message": message, "done": False}) + b"\n",
+        orjson.dumps(last) + b"\n",
+    ]
+    upstream = CannedUpstream(
+        lines if stream else [orjson.dumps(whole)],
+        content_type="application/x-ndjson" if stream else "application/json",
+    )
+    async with serve("/api/chat", upstream.handle) as origin:
+        executor = ollama_set(sets, origin).for_provider("o1")
+        counted = []
+        for single in (True, False):
+            extra: Any = {"parallel_tool_calls": False} if single else {}
+            got = await run_call(executor, chat("read", stream=stream, tools=TOOL, **extra))
+            if isinstance(got, Relayed):
+                assert got.error is None
+                text = got.frames.decode()
+                counted.append(text.count('"name":"read"'))
+            else:
+                calls = orjson.loads(got.body)["choices"][0]["message"]["tool_calls"]
+                counted.append(len(calls))
+    assert counted == [1, 2]

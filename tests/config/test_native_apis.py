@@ -1,4 +1,4 @@
-"""``native_apis`` (issue 27): the APIs an ``openai_compat`` upstream serves itself, an
+"""``native_apis`` (issues 27 and 28): the APIs an ``openai_compat`` upstream serves itself, an
 execution field that reaches the adapters through the node payload; refused elsewhere, each
 value once. (Its restart class is checked with the other execution fields in
 ``test_refresh.py``.)"""
@@ -16,8 +16,8 @@ from tests.helpers.config import base_doc, load, node, problem_at, problems, pro
 PROVIDER = "nodes[gpu-1].providers[vllm-a]"
 
 
-def test_the_allowed_apis_are_one_constant_and_messages_is_one_of_them():
-    assert NATIVE_APIS == ("messages",)
+def test_the_allowed_apis_are_one_constant_messages_and_responses():
+    assert NATIVE_APIS == ("messages", "responses")
     assert "native_apis" in EXECUTION_FIELDS
 
 
@@ -26,15 +26,17 @@ def test_omitted_is_none_and_a_list_of_known_apis_loads():
     doc = base_doc()
     provider(doc)["native_apis"] = ["messages"]
     assert load(doc).nodes[0].providers[0].native_apis == ("messages",)
+    provider(doc)["native_apis"] = ["responses", "messages"]
+    assert load(doc).nodes[0].providers[0].native_apis == ("responses", "messages")
     provider(doc)["native_apis"] = []
     assert load(doc).nodes[0].providers[0].native_apis == ()
 
 
 def test_an_unknown_api_is_refused_naming_the_value_and_the_allowed_ones():
     doc = base_doc()
-    provider(doc)["native_apis"] = ["messages", "responses"]
+    provider(doc)["native_apis"] = ["responses", "realtime"]
     assert problem_at(doc, f"{PROVIDER}.native_apis[1]") == (
-        "'responses' is not allowed; native_apis must be 'messages'"
+        "'realtime' is not allowed; native_apis must be 'messages' or 'responses'"
     )
 
 
@@ -43,6 +45,11 @@ def test_an_api_listed_twice_is_refused():
     provider(doc)["native_apis"] = ["messages", "messages"]
     assert problem_at(doc, f"{PROVIDER}.native_apis") == (
         "'messages' is listed twice in ['messages', 'messages']; native_apis entries must be unique"
+    )
+    provider(doc)["native_apis"] = ["responses", "messages", "responses"]
+    assert problem_at(doc, f"{PROVIDER}.native_apis") == (
+        "'responses' is listed twice in ['responses', 'messages', 'responses']; native_apis "
+        "entries must be unique"
     )
 
 
@@ -64,7 +71,7 @@ def ollama_and_cli_doc(native_apis: Any) -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.parametrize("native_apis", [["messages"], []])
+@pytest.mark.parametrize("native_apis", [["messages"], ["responses"], []])
 def test_ollama_and_cli_adapters_and_providers_refuse_it(native_apis):
     found = {p.path: p.message for p in problems(ollama_and_cli_doc(native_apis))}
     shown = str(native_apis)
@@ -91,7 +98,7 @@ def test_the_openai_compat_aliases_may_declare_it(alias):
 
 def test_the_payload_carries_it_provider_first_over_the_adapter():
     doc = base_doc()
-    node(doc)["adapters"][0]["native_apis"] = ["messages"]
+    node(doc)["adapters"][0]["native_apis"] = ["messages", "responses"]
     node(doc)["providers"].append(
         {
             "id": "chat-only",
@@ -104,6 +111,6 @@ def test_the_payload_carries_it_provider_first_over_the_adapter():
     )
     payload = node_payload(load(doc), "gpu-1")
     adapter = next(a for a in payload.adapters if a.name == "vllm-main")
-    assert adapter.execution.native_apis == ("messages",)
+    assert adapter.execution.native_apis == ("messages", "responses")
     by_id = {p.id: p.execution.native_apis for p in payload.providers}
-    assert by_id == {"vllm-a": ("messages",), "chat-only": ()}
+    assert by_id == {"vllm-a": ("messages", "responses"), "chat-only": ()}

@@ -129,6 +129,17 @@ LIVE = [
             ("health", "probe_interval_ms", 500),
         ]
     ],
+    *[
+        (
+            f"responses_store.{key}",
+            set_path("openai", "responses_store", value={key: value}),
+            f"openai.responses_store.{key}",
+            [],
+            [],
+            [],
+        )
+        for key, value in [("max_items", 10), ("max_bytes", 2**30), ("ttl_ms", 60_000)]
+    ],
     (
         "capacity",
         on_provider("vllm-a", capacity=8),

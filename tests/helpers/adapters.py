@@ -8,7 +8,8 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from iop_edge.adapters import AdapterSet, UpstreamCall, UpstreamReply, UpstreamStream
+from iop_edge.adapters import AdapterSet, Executor, UpstreamCall, UpstreamReply, UpstreamStream
 from iop_edge.config import load_config
 from iop_edge.config.payload import node_payload
 from iop_edge.errors import AdapterError
@@ -147,6 +148,65 @@ def content_of(chunks: list[Any]) -> str:
         if isinstance(chunk, dict)
         for choice in chunk["choices"]
     )
+
+
+class CannedUpstream:
+    """A hand-written upstream for :func:`serve`: answers each POST with ``chunks`` (one
+    write each, so a test chooses how the body is cut into reads) and keeps what it received
+    (path and parsed JSON body)."""
+
+    def __init__(
+        self,
+        chunks: Sequence[bytes],
+        *,
+        status: int = 200,
+        content_type: str = "text/event-stream",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.chunks = chunks
+        self.status = status
+        self.content_type = content_type
+        self.headers = headers or {}
+        self.received: list[tuple[str, Any]] = []
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """The aiohttp handler."""
+        self.received.append((request.path, orjson.loads(await request.read())))
+        response = web.StreamResponse(
+            status=self.status, headers={"Content-Type": self.content_type, **self.headers}
+        )
+        await response.prepare(request)
+        for chunk in self.chunks:
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+@dataclass
+class Relayed:
+    """What a stream relayed: its frames joined, the error it ended with (None: a clean end),
+    and the stream itself (closed), for its usage and what else it captured."""
+
+    frames: bytes
+    error: AdapterError | None
+    stream: UpstreamStream
+
+
+async def run_call(executor: Executor, call: UpstreamCall) -> UpstreamReply | Relayed:
+    """The executor's result for ``call``: a reply, or what its stream relayed."""
+    if not call.stream:
+        return await executor.complete(call)
+    opened = await executor.open_stream(call)
+    if isinstance(opened, UpstreamReply):
+        return opened
+    received: list[bytes] = []
+    try:
+        async with opened:
+            async for piece in opened.frames:
+                received.append(piece)
+    except AdapterError as exc:
+        return Relayed(b"".join(received), exc, opened)
+    return Relayed(b"".join(received), None, opened)
 
 
 @contextlib.asynccontextmanager

@@ -1,18 +1,17 @@
 """The translations read by the official ``anthropic`` SDK itself, over real HTTP.
 
-A tiny server on 127.0.0.1 (``http.server`` in a thread) answers with the bytes the translation
-renders — a Messages event stream as ``text/event-stream``, a Message as JSON, an error object
-with its status — and the SDK parses them as it parses Anthropic's API: the streamed answer's
-``get_final_message()`` must equal the non-streamed Message, a failure after the first event
-must raise, and each error status must raise the SDK's class for it. The server also keeps
-what the SDK sends, so the request translation is checked on the SDK's own serialisation.
+A tiny server on 127.0.0.1 (:class:`~tests.helpers.canned_server.CannedServer`) answers with
+the bytes the translation renders — a Messages event stream as ``text/event-stream``, a Message
+as JSON, an error object with its status — and the SDK parses them as it parses Anthropic's API:
+the streamed answer's ``get_final_message()`` must equal the non-streamed Message, a failure
+after the first event must raise, and each error status must raise the SDK's class for it. The
+server also keeps what the SDK sends, so the request translation is checked on the SDK's own
+serialisation.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import anthropic
@@ -25,6 +24,7 @@ from iop_edge.translate.messages_reply import message_body
 from iop_edge.translate.messages_request import translate_request
 from iop_edge.translate.messages_stream import PING, MessagesStreamTranslator
 from tests.helpers import claude_code
+from tests.helpers.canned_server import CannedServer
 from tests.helpers.translate import Call, Plan, completion, frames
 
 MODEL = "claude-sonnet-4-5"
@@ -33,53 +33,6 @@ ASK: dict[str, Any] = {
     "max_tokens": 1024,
     "messages": [{"role": "user", "content": "Hello"}],
 }
-
-
-class CannedServer:
-    """Answers every POST with the answer set last (:meth:`answer`) and keeps each request's
-    body, on 127.0.0.1 at a free port, in a thread of its own."""
-
-    def __init__(self) -> None:
-        self.status = 200
-        self.content_type = "application/json"
-        self.body = b""
-        self.requests: list[dict[str, Any]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                server.requests.append(orjson.loads(self.rfile.read(length)))
-                self.send_response(server.status)
-                self.send_header("Content-Type", server.content_type)
-                self.send_header("Content-Length", str(len(server.body)))
-                self.end_headers()
-                self.wfile.write(server.body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # (the test's output is the assertions')
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        # (shutdown() waits for the loop's next poll: a short one keeps each test's teardown short)
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        )
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def answer(
-        self, body: bytes, *, status: int = 200, content_type: str = "application/json"
-    ) -> None:
-        self.body, self.status, self.content_type = body, status, content_type
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join()
 
 
 @pytest.fixture
