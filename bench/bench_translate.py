@@ -10,7 +10,7 @@ Messages' event stream (:class:`~iop_edge.translate.messages_stream.MessagesStre
 one ``feed`` per frame, as when each frame arrives alone, and one ``feed`` of them all, as when
 they arrive together), and the completion into a Message. Each figure is the best of several
 runs of CPU time (``time.process_time``) per request: the least the work costs, which a shared
-machine can only make slower. ``bench/bench_messages.py`` measures the whole edge.
+machine can only make slower. ``bench/bench_surfaces.py`` measures the whole edge.
 
 Run: ``.venv/bin/python bench/bench_translate.py [--requests 2000] [--runs 7]``
 """
