@@ -76,6 +76,8 @@ from iop_edge.translate.sse import dumps
 __all__ = ["ResponsesStreamRenderer", "ResponsesStreamTranslator"]
 
 _Kind = Literal["message", "reasoning", "function_call"]
+# (a tuple: isinstance with it is several times cheaper than with a `X | Y` union built per call)
+_DELTAS: Final = (TextDelta, ReasoningDelta, ToolCallDelta)
 _DELTA_OF: Final[dict[_Kind, str]] = {
     "message": "response.output_text.delta",
     "reasoning": "response.reasoning_text.delta",
@@ -215,28 +217,26 @@ class ResponsesStreamRenderer:
         if self.response is not None:
             return b""
         out = self.start() if self._sequence < 0 else b""
-        if isinstance(event, TextDelta | ReasoningDelta | ToolCallDelta):
-            text = event.arguments if isinstance(event, ToolCallDelta) else event.text
+        if isinstance(event, _DELTAS):
             item = self._open
             if isinstance(event, ToolCallDelta):
+                text = event.arguments
                 if item is None or item.kind != "function_call":
                     raise ValueError(f"arguments of tool call {event.index}, which is not open")
             else:
+                text = event.text
                 kind: _Kind = "message" if isinstance(event, TextDelta) else "reasoning"
                 if item is None or item.kind != kind:
                     out += self._close()
                     item = self._open_item(kind)
                     out += self._added(item)
-                self._bytes += text_bytes(text)
             item.parts.append(text)
             self._sequence += 1
-            return (
-                out
-                + item.head
-                + dumps(text)
-                + b',"sequence_number":'
-                + str(self._sequence).encode()
-                + b"}\n\n"
+            return b'%b%b%b,"sequence_number":%d}\n\n' % (
+                out,
+                item.head,
+                dumps(text),
+                self._sequence,
             )
         if isinstance(event, ToolCallStart):
             out += self._close()
@@ -287,6 +287,8 @@ class ResponsesStreamRenderer:
         done = item.snapshot(status, sealed=self._sealed)
         self._output.append(done)
         text = "".join(item.parts)
+        if item.kind != "function_call":  # (a call's arguments are counted at its end)
+            self._bytes += text_bytes(text)  # UTF-8 lengths add up: counted once, not per delta
         where = {"item_id": item.id, "output_index": item.index}
         if item.kind == "function_call":
             out = self._event("response.function_call_arguments.done", {**where, "arguments": text})
