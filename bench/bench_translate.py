@@ -14,7 +14,7 @@ they arrive together), and the completion into a Message; and what it does to a 
 :meth:`~iop_edge.api.responses.ResponsesSurface.parse`,
 :class:`~iop_edge.translate.responses_stream.ResponsesStreamTranslator` and
 :func:`~iop_edge.translate.responses_reply.render_response`, and what ``store: true`` adds at
-the stream's end (the final Response encoded and kept, with its conversation, in a store of the
+the stream's end (the final Response kept, with its conversation, in a store of the
 default bounds — 1,000 responses, 64 MiB — full, so that each put evicts one). Each figure is
 the best of several runs of CPU time (``time.process_time``) per request: the least the work
 costs, which a shared machine can only make slower. ``bench/bench_surfaces.py`` measures the
@@ -172,21 +172,23 @@ def _responses_cases(
     finished = translator()
     finished.feed(stream)
     finished.end()
-    final = finished.response
+    final, final_json = finished.response, finished.response_json
     assert final is not None, "the translated stream did not end"
+    assert final_json is not None
     for _ in range(DEFAULT_RESPONSES_MAX_ITEMS):  # full: each put from now on evicts one
-        stored.keep(f"resp_{next(ids)}", dumps(final), final)
+        stored.keep(f"resp_{next(ids)}", final_json, final)
 
     def keep() -> object:
+        # as the renderer does at the stream's end: the last event's JSON, kept with the items
         clock.advance(0.001)
-        stored.keep(f"resp_{next(ids)}", dumps(final), final)
+        stored.keep(f"resp_{next(ids)}", final_json, final)
         return None
 
     return {
         "parse the Responses request": lambda: surface.parse(body, {}, None),
         f"Responses stream: {len(frames)} frames, a feed per frame": feed_each,
         f"Responses stream: {len(frames)} frames, one feed": feed_all,
-        "store: true: the final Response encoded and kept": keep,
+        "store: true: the final Response kept": keep,
         "non-streamed: the completion as a Response": lambda: dumps(
             render_response(
                 decode_completion(completion),
