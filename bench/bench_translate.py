@@ -1,4 +1,5 @@
-"""Benchmark: the CPU the Messages translation core costs per request (issue 27), alone.
+"""Benchmark: the CPU the Messages and Responses translation costs per request (issues 27 and
+28), alone.
 
 The proxy benchmark's answer — the fake OpenAI upstream's 16-chunk reply to the load
 generator's prompt, fetched once from a real :class:`~iop_edge.testing.fake_openai.FakeOpenAI`
@@ -8,9 +9,16 @@ chat one: parsing the Messages body into the internal form
 (:meth:`~iop_edge.api.messages.MessagesSurface.parse`), the chat stream's frames into
 Messages' event stream (:class:`~iop_edge.translate.messages_stream.MessagesStreamTranslator`:
 one ``feed`` per frame, as when each frame arrives alone, and one ``feed`` of them all, as when
-they arrive together), and the completion into a Message. Each figure is the best of several
-runs of CPU time (``time.process_time``) per request: the least the work costs, which a shared
-machine can only make slower. ``bench/bench_messages.py`` measures the whole edge.
+they arrive together), and the completion into a Message; and what it does to a translated
+``/v1/responses`` one (``store: false``): the same four with
+:meth:`~iop_edge.api.responses.ResponsesSurface.parse`,
+:class:`~iop_edge.translate.responses_stream.ResponsesStreamTranslator` and
+:func:`~iop_edge.translate.responses_reply.render_response`, and what ``store: true`` adds at
+the stream's end (the final Response kept, with its conversation, in a store of the
+default bounds — 1,000 responses, 64 MiB — full, so that each put evicts one). Each figure is
+the best of several runs of CPU time (``time.process_time``) per request: the least the work
+costs, which a shared machine can only make slower. ``bench/bench_surfaces.py`` measures the
+whole edge.
 
 Run: ``.venv/bin/python bench/bench_translate.py [--requests 2000] [--runs 7]``
 """
@@ -34,11 +42,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import PROMPT
 
 from iop_edge.api.messages import MESSAGES_SURFACE
+from iop_edge.api.responses import ResponsesSurface
+from iop_edge.api.responses_store import ResponsesStore
+from iop_edge.config.schema import (
+    DEFAULT_RESPONSES_MAX_BYTES,
+    DEFAULT_RESPONSES_MAX_ITEMS,
+    DEFAULT_RESPONSES_TTL_MS,
+)
+from iop_edge.testing.clock import FakeClock
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.translate.chat_events import decode_completion
 from iop_edge.translate.messages_reply import message_body
 from iop_edge.translate.messages_stream import MessagesStreamTranslator
+from iop_edge.translate.responses_reply import render_response
+from iop_edge.translate.responses_stream import ResponsesStreamTranslator
+from iop_edge.translate.sse import dumps
 
 MODEL = "bench-model"
 ESTIMATED_INPUT_TOKENS = 30
@@ -75,7 +94,15 @@ def cases(stream: bytes, completion: bytes) -> dict[str, Callable[[], object]]:
             "stream": True,
         }
     )
+    return {
+        **_messages_cases(body, frames, stream, completion),
+        **_responses_cases(frames, stream, completion),
+    }
 
+
+def _messages_cases(
+    body: bytes, frames: list[bytes], stream: bytes, completion: bytes
+) -> dict[str, Callable[[], object]]:
     def translator() -> MessagesStreamTranslator:
         return MessagesStreamTranslator(model=MODEL, estimated_input_tokens=ESTIMATED_INPUT_TOKENS)
 
@@ -90,12 +117,87 @@ def cases(stream: bytes, completion: bytes) -> dict[str, Callable[[], object]]:
 
     return {
         "parse the Messages request": lambda: MESSAGES_SURFACE.parse(body, {}, None),
-        f"stream: {len(frames)} frames, a feed per frame": feed_each,
-        f"stream: {len(frames)} frames, one feed": feed_all,
+        f"Messages stream: {len(frames)} frames, a feed per frame": feed_each,
+        f"Messages stream: {len(frames)} frames, one feed": feed_all,
         "non-streamed: the completion as a Message": lambda: message_body(
             decode_completion(completion),
             model=MODEL,
             estimated_input_tokens=ESTIMATED_INPUT_TOKENS,
+        ),
+    }
+
+
+def _responses_cases(
+    frames: list[bytes], stream: bytes, completion: bytes
+) -> dict[str, Callable[[], object]]:
+    body = orjson.dumps(
+        {
+            "model": MODEL,
+            "input": PROMPT,
+            "max_output_tokens": 64,
+            "store": False,
+            "stream": True,
+        }
+    )
+    clock = FakeClock()
+    store = ResponsesStore(
+        max_items=DEFAULT_RESPONSES_MAX_ITEMS,
+        max_bytes=DEFAULT_RESPONSES_MAX_BYTES,
+        ttl=DEFAULT_RESPONSES_TTL_MS / 1000,
+        clock=clock,
+    )
+    surface = ResponsesSurface(lambda: store)
+    stored = surface.parse(body.replace(b'"store":false', b'"store":true'), {}, None)
+    echo = stored.translated.echo
+    ids = iter(range(10**9))
+
+    def translator() -> ResponsesStreamTranslator:
+        return ResponsesStreamTranslator(
+            response_id="resp_0123456789ab000000000000000001",
+            created_at=1_800_000_000,
+            model=MODEL,
+            echo=echo,
+            estimated_input_tokens=ESTIMATED_INPUT_TOKENS,
+        )
+
+    def feed_each() -> object:
+        translating = translator()
+        out = [translating.feed(frame) for frame in frames]
+        return out, translating.end()
+
+    def feed_all() -> object:
+        translating = translator()
+        return translating.feed(stream), translating.end()
+
+    finished = translator()
+    finished.feed(stream)
+    finished.end()
+    final, final_json = finished.response, finished.response_json
+    assert final is not None, "the translated stream did not end"
+    assert final_json is not None
+    for _ in range(DEFAULT_RESPONSES_MAX_ITEMS):  # full: each put from now on evicts one
+        stored.keep(f"resp_{next(ids)}", final_json, final)
+
+    def keep() -> object:
+        # as the renderer does at the stream's end: the last event's JSON, kept with the items
+        clock.advance(0.001)
+        stored.keep(f"resp_{next(ids)}", final_json, final)
+        return None
+
+    return {
+        "parse the Responses request": lambda: surface.parse(body, {}, None),
+        f"Responses stream: {len(frames)} frames, a feed per frame": feed_each,
+        f"Responses stream: {len(frames)} frames, one feed": feed_all,
+        "store: true: the final Response kept": keep,
+        "non-streamed: the completion as a Response": lambda: dumps(
+            render_response(
+                decode_completion(completion),
+                response_id="resp_0123456789ab000000000000000001",
+                created_at=1_800_000_000,
+                model=MODEL,
+                echo=echo,
+                estimated_input_tokens=ESTIMATED_INPUT_TOKENS,
+            )
         ),
     }
 

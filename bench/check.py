@@ -168,16 +168,18 @@ def measure_cell(
     *,
     api: str = "chat",
     model: str = MODEL,
+    store: bool = False,
     label: str | None = None,
 ) -> dict[str, Any]:
     """One cell, checked (:class:`BrokenRun` when a request failed or no CPU was measured);
     measured once more when the machine stalled through its window. ``label`` names the cell
-    in errors (default: the target, mode and concurrency)."""
+    in errors (default: the target, mode and concurrency); ``api``, ``model`` and ``store`` are
+    :meth:`Bench.measure`'s."""
     label = label or f"{target.name} {'stream' if stream else 'plain'} c={concurrency}"
     for attempt in (1, 2):
         try:
             cell = bench.measure(
-                target, stream=stream, concurrency=concurrency, api=api, model=model
+                target, stream=stream, concurrency=concurrency, api=api, model=model, store=store
             )
         except (RuntimeError, OSError, ValueError) as exc:
             raise BrokenRun(f"{label}: the load generator failed: {exc}") from exc

@@ -1,17 +1,22 @@
-"""Closed-loop HTTP load generator for OpenAI chat completions (or Anthropic Messages); prints
-one JSON object.
+"""Closed-loop HTTP load generator for OpenAI chat completions (or Anthropic Messages, or OpenAI
+Responses); prints one JSON object.
 
 ``--concurrency N`` workers share one keep-alive aiohttp session (uvloop) and each sends
 ``POST {base_url}/chat/completions`` back to back for ``--warmup`` + ``--duration`` seconds.
 Only requests that start after the warm-up and finish before the end of the window count.
 ``--api messages`` sends ``POST {base_url}/messages`` instead (Anthropic's body, the same prompt
-and ``max_tokens``; the token as ``x-api-key``, with ``anthropic-version``).
+and ``max_tokens``; the token as ``x-api-key``, with ``anthropic-version``); ``--api
+responses`` sends ``POST {base_url}/responses`` (the prompt as ``input``, ``max_output_tokens``,
+and ``store: false`` unless ``--store``).
 
 A request succeeds only when the status is 200 and the body is complete: for a non-streaming
-request a JSON object with ``choices`` (Messages: ``content``); for a stream, no ``data:
-{"error"...`` event (Messages: no ``event: error``) and an end in ``data: [DONE]`` (Messages:
-the ``message_stop`` event). Anything else is an error, counted by kind (``http_502``,
-``bad_body``, ``stream_error_event``, ``stream_truncated``, ``disconnected``, ``timeout``, ...).
+request a JSON object with ``choices`` (Messages: ``content``; Responses: ``output`` and
+``status: completed``); for a stream, no ``data: {"error"...`` event (Messages: no ``event:
+error``; Responses: no ``event: error`` nor ``event: response.failed``) and an end in ``data:
+[DONE]`` (Messages: the ``message_stop`` event; Responses: a whole ``response.completed`` event
+as the last one). Anything else is an error, counted by kind (``http_502``, ``bad_body``,
+``stream_error_event``, ``stream_truncated``, ``stream_not_completed`` (a Responses stream whose
+last event is another, ``response.incomplete`` say), ``disconnected``, ``timeout``, ...).
 
 Latency is the time to the full response (non-streaming) or the end of the stream (streaming);
 ``ttfb`` is the time to the response headers (non-streaming) or the first body chunk
@@ -59,21 +64,35 @@ class ApiRules:
 
     path: str
     """Appended to ``--base-url``."""
-    stream_end: bytes
-    """How a complete stream ends."""
-    error_mark: bytes
+    error_marks: tuple[bytes, ...]
     """Bytes that only an error event carries."""
     body_key: str
     """A key a complete non-streamed answer has, with a non-empty value."""
+    stream_end: bytes = b""
+    """How a complete stream ends, byte for byte (when its last event is always the same)."""
+    last_event: bytes = b""
+    """Else the name of the event a complete stream ends with (``event: <name>``), whole."""
+    body_status: str | None = None
+    """The ``status`` a complete non-streamed answer has, if it has one."""
 
 
 APIS: dict[str, ApiRules] = {
-    "chat": ApiRules("/chat/completions", b"data: [DONE]\n\n", b'data: {"error"', "choices"),
+    "chat": ApiRules(
+        "/chat/completions", (b'data: {"error"',), "choices", stream_end=b"data: [DONE]\n\n"
+    ),
     "messages": ApiRules(
         "/messages",
-        b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
-        b"event: error\n",
+        (b"event: error\n",),
         "content",
+        stream_end=b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ),
+    # An event's data is one line of JSON, which escapes newlines: `event: x\n` is an event's.
+    "responses": ApiRules(
+        "/responses",
+        (b"event: error\n", b"event: response.failed\n"),
+        "output",
+        last_event=b"response.completed",
+        body_status="completed",
     ),
 }
 ANTHROPIC_VERSION = "2023-06-01"
@@ -150,20 +169,56 @@ async def one_request(
                 return "bad_body", ttfb, raw[:300].decode(errors="replace")
             if not isinstance(parsed, dict) or not parsed.get(rules.body_key):
                 return "bad_body", ttfb, raw[:300].decode(errors="replace")
+            if rules.body_status is not None and parsed.get("status") != rules.body_status:
+                return "bad_body", ttfb, raw[:300].decode(errors="replace")
             return None, ttfb, ""
         ttfb = None
         tail = b""
-        keep = len(rules.stream_end) + 16
+        keep = max(len(mark) for mark in (rules.stream_end, *rules.error_marks)) + 16
+        last = LastEvent() if rules.last_event else None
         async for chunk in response.content.iter_any():
             if ttfb is None:
                 ttfb = time.perf_counter() - started
             window = tail + chunk
-            if rules.error_mark in window:
+            if any(mark in window for mark in rules.error_marks):
                 return "stream_error_event", ttfb, window[-300:].decode(errors="replace")
             tail = window[-keep:]
-        if not tail.endswith(rules.stream_end):
+            if last is not None:
+                last.feed(chunk)
+        if not tail.endswith(rules.stream_end or b"\n\n"):
             return "stream_truncated", ttfb, tail.decode(errors="replace")
+        if last is not None and last.name != rules.last_event:
+            return "stream_not_completed", ttfb, f"the last event was {last.name!r}"
         return None, ttfb, ""
+
+
+class LastEvent:
+    """The name of the last ``event: <name>`` line of a stream read in chunks of any size.
+
+    An event's data is one line of JSON (which escapes newlines), so ``\nevent: `` starts an
+    event's name line and nothing else.
+    """
+
+    __slots__ = ("_carry", "name")
+
+    _MARK = b"\nevent: "
+
+    def __init__(self) -> None:
+        self.name: bytes | None = None
+        self._carry = b"\n"  # (the stream's first line starts a line too)
+
+    def feed(self, chunk: bytes) -> None:
+        """Read the next chunk."""
+        data = self._carry + chunk
+        at = data.rfind(self._MARK)
+        if at >= 0:
+            end = data.find(b"\n", at + len(self._MARK))
+            if end < 0:  # the name goes on in the next chunk
+                self._carry = data[at:]
+                return
+            self.name = data[at + len(self._MARK) : end]
+        # (a mark cut by the chunk's end is at most its length less one byte)
+        self._carry = data[-(len(self._MARK) - 1) :]
 
 
 async def _worker(
@@ -204,12 +259,15 @@ async def _worker(
 def request_parts(options: argparse.Namespace, prompt: str) -> tuple[str, bytes, dict[str, str]]:
     """The URL, body and headers of the request ``options`` describe, asking for ``prompt``."""
     url = options.base_url.rstrip("/") + APIS[options.api].path
-    # The same body for both APIs: Messages' form of this one user message is chat's.
-    payload: dict[str, Any] = {
-        "model": options.model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": options.max_tokens,
-    }
+    payload: dict[str, Any] = {"model": options.model}
+    if options.api == "responses":
+        payload["input"] = prompt
+        payload["max_output_tokens"] = options.max_tokens
+        payload["store"] = options.store
+    else:
+        # The same body for both APIs: Messages' form of this one user message is chat's.
+        payload["messages"] = [{"role": "user", "content": prompt}]
+        payload["max_tokens"] = options.max_tokens
     if options.stream:
         payload["stream"] = True
     headers = {"Content-Type": "application/json"}
@@ -256,6 +314,7 @@ async def run_load(options: argparse.Namespace) -> dict[str, Any]:
     return {
         "engine": "python",
         "api": options.api,
+        "store": options.store,
         "url": url,
         "stream": options.stream,
         "concurrency": options.concurrency,
@@ -451,7 +510,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--api",
         choices=tuple(APIS),
         default="chat",
-        help="chat: /chat/completions; messages: Anthropic's /messages",
+        help="chat: /chat/completions; messages: Anthropic's /messages; responses: OpenAI's "
+        "/responses",
+    )
+    parser.add_argument(
+        "--store",
+        action="store_true",
+        help="with --api responses: store: true (the edge keeps each response); else false",
     )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--request-timeout", type=float, default=30.0, help="seconds")
@@ -467,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     options = build_parser().parse_args(argv)
     if options.concurrency < 1 or options.duration <= 0 or options.warmup < 0:
         print("loadgen: need --concurrency >= 1, --duration > 0, --warmup >= 0", file=sys.stderr)
+        return 2
+    if options.store and options.api != "responses":
+        print("loadgen: --store is a field of --api responses", file=sys.stderr)
         return 2
     if options.engine == "wrk" and options.api != "chat":
         # wrk's Lua body checks know chat's stream only

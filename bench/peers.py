@@ -47,7 +47,7 @@ MODEL = "bench-model"
 """The model name every target is asked for (an iop-edge model group, a LiteLLM model_name)."""
 NATIVE_MODEL = "bench-native"
 """The model group of :func:`edge_config`'s ``native_group``: a provider that passes Anthropic
-Messages through (``native_apis: [messages]``)."""
+Messages and OpenAI Responses through (``native_apis: [messages, responses]``)."""
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -345,8 +345,9 @@ def edge_config(
     yet), the console off. ``held_group`` adds a model group ``bench-held`` served by one
     provider of capacity 1 on the same upstream, used to park pending requests in the queue.
     ``native_group`` adds the group :data:`NATIVE_MODEL`: one provider like the others on the
-    same upstream (target MODEL) but with ``native_apis: [messages]``, so that a Messages
-    request to it is passed through where one to MODEL is translated to chat.
+    same upstream (target MODEL) but with ``native_apis: [messages, responses]``, so that a
+    Messages or Responses request to it is passed through where one to MODEL is translated to
+    chat.
     """
     provider_ids = [f"p{index:04d}" for index in range(providers)]
     provider_entries: list[dict[str, Any]] = [
@@ -390,7 +391,7 @@ def edge_config(
                 "adapter": "fake",
                 "models": [MODEL],
                 "capacity": capacity,
-                "native_apis": ["messages"],
+                "native_apis": ["messages", "responses"],
             }
         )
         models.append(

@@ -14,11 +14,12 @@ without a browser.
 each (a sample is 1/rate s of a running thread), and iop-edge's µs per request under its own
 functions, by the innermost one: where its extra CPU goes.
 
-``--api messages`` sends Anthropic Messages instead (issue 27), translated to chat by the edge,
-or with ``--native`` passed through (the config's provider then has ``native_apis:
-[messages]``); files ``profile-<mode>-c<N>-messages[-native].*``. ``--compare-chat`` compares
-with iop-edge under chat load (``profile-<mode>-c<N>-chat.*``) instead of the pass-through:
-where the Messages surface's extra CPU goes.
+``--api messages`` sends Anthropic Messages instead (issue 27), ``--api responses`` OpenAI
+Responses (issue 28, ``store: false``, or ``store: true`` with ``--store``), translated to chat
+by the edge, or with ``--native`` passed through (the config's provider then has ``native_apis:
+[messages, responses]``); files ``profile-<mode>-c<N>-<api>[-stored][-native].*``.
+``--compare-chat`` compares with iop-edge under chat load (``profile-<mode>-c<N>-chat.*``)
+instead of the pass-through: where the surface's extra CPU goes.
 
 py-spy is not a project dependency: ``.venv/bin/pip install py-spy`` first. It needs ptrace
 (root, or ``kernel.yama.ptrace_scope`` 0).
@@ -28,6 +29,7 @@ Usage::
     .venv/bin/python bench/profile_edge.py --mode stream -c 16 --duration 15
     .venv/bin/python bench/profile_edge.py --mode plain -c 16 --duration 10 --compare
     .venv/bin/python bench/profile_edge.py --mode stream --api messages --duration 10 --compare-chat
+    .venv/bin/python bench/profile_edge.py --mode stream --api responses --store --compare-chat
 """
 
 from __future__ import annotations
@@ -96,16 +98,18 @@ def _short(frame: str) -> str:
 def profile(
     target_name: str, options: argparse.Namespace, py_spy: str, workdir: Path, api: str = "chat"
 ) -> tuple[Path, float]:
-    """Sample one target under load (``api``: what the load sends, chat or Anthropic
-    Messages); its collapsed stacks and the requests per sampled second."""
+    """Sample one target under load (``api``: what the load sends, chat, Anthropic Messages or
+    OpenAI Responses); its collapsed stacks and the requests per sampled second."""
     stem = options.output / f"profile-{options.mode}-c{options.concurrency}"
     if target_name == "passthrough":
         stem = stem.with_name(stem.name + "-passthrough")
-    if api == "messages":
-        stem = stem.with_name(stem.name + ("-messages-native" if options.native else "-messages"))
+    store = api == "responses" and options.store
+    if api != "chat":
+        suffix = f"-{api}" + ("-stored" if store else "") + ("-native" if options.native else "")
+        stem = stem.with_name(stem.name + suffix)
     elif options.compare_chat:
-        stem = stem.with_name(stem.name + "-chat")  # the reference of a Messages profile
-    model = NATIVE_MODEL if api == "messages" and options.native else MODEL
+        stem = stem.with_name(stem.name + "-chat")  # the reference of a surface's profile
+    model = NATIVE_MODEL if api != "chat" and options.native else MODEL
     with ProcessSet() as processes:
         fake = start_fake(processes, workdir, None)
         token, digest = new_principal_token()
@@ -138,6 +142,8 @@ def profile(
         ]
         if options.mode == "stream":
             load.append("--stream")
+        if store:
+            load.append("--store")
         loadgen = subprocess.Popen(load, stdout=subprocess.PIPE)
         try:
             pid = str(target.process.popen.pid)
@@ -216,23 +222,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--api",
-        choices=("chat", "messages"),
+        choices=("chat", "messages", "responses"),
         default="chat",
-        help="the load: chat completions, or Anthropic Messages (translated unless --native)",
+        help="the load: chat completions, Anthropic Messages or OpenAI Responses (translated "
+        "unless --native)",
     )
     parser.add_argument(
         "--native",
         action="store_true",
-        help="with --api messages: a provider with native_apis: [messages] (passthrough)",
+        help="with --api messages or responses: a provider with native_apis: [messages, "
+        "responses] (passthrough)",
+    )
+    parser.add_argument(
+        "--store",
+        action="store_true",
+        help="with --api responses: store: true (the edge keeps each response)",
     )
     parser.add_argument(
         "--compare-chat",
         action="store_true",
-        help="with --api messages: compare with iop-edge under chat load (not the pass-through)",
+        help="with --api messages or responses: compare with iop-edge under chat load (not the "
+        "pass-through)",
     )
     options = parser.parse_args(argv)
-    if options.compare_chat and options.api != "messages":
-        parser.error("--compare-chat compares Messages with chat: it needs --api messages")
+    if options.compare_chat and options.api == "chat":
+        parser.error(
+            "--compare-chat compares a surface with chat: it needs --api messages|responses"
+        )
+    if options.store and options.api != "responses":
+        parser.error("--store is a field of --api responses")
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
         print("py-spy is not installed: .venv/bin/pip install py-spy", file=sys.stderr)
@@ -254,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             other, other_rps = profile("iop-edge", options, py_spy, Path(tmp), "chat")
         else:
             other, other_rps = profile("passthrough", options, py_spy, Path(tmp), options.api)
-    this = "iop-edge" if options.api == "chat" else "Messages"
+    this = {"chat": "iop-edge", "messages": "Messages", "responses": "Responses"}[options.api]
     that = "chat" if options.compare_chat else "pass-through"
     edge_total, edge_by = per_request(collapsed, options, rps)
     pass_total, pass_by = per_request(other, options, other_rps)

@@ -127,9 +127,11 @@ class Bench:
         model: str = MODEL,
         duration: float | None = None,
         api: str = "chat",
+        store: bool = False,
     ) -> dict[str, Any]:
         """Run the load generator once against ``target`` and return the cell (``api``: what
-        ``bench/loadgen.py --api`` sends, chat completions or Anthropic Messages)."""
+        ``bench/loadgen.py --api`` sends, chat completions, Anthropic Messages or OpenAI
+        Responses; ``store``: its ``--store``, Responses' ``store: true``)."""
         duration = duration if duration is not None else self.options.duration
         warmup = self.options.warmup
         argv = [
@@ -152,6 +154,8 @@ class Bench:
         ]
         if stream:
             argv.append("--stream")
+        if store:
+            argv.append("--store")
         if target.token:
             argv += ["--token", target.token]
         proxy_cpu = sample_cpu(target.process if target.name != "direct" else None)

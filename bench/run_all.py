@@ -2,9 +2,10 @@
 
 The proxy benchmark runs first, and its headline table (iop-edge's CPU per request against the
 bare pass-through's, and the added p50) is printed again at the end, so it is what the run
-leaves on the screen; so is that of the Messages benchmark (``bench_messages.py``: Anthropic
-Messages, translated and passed through, against chat on the same provider), and the memory of
-the stored responses of ``/v1/responses`` under a soak (``bench_responses_store.py``).
+leaves on the screen; so is that of the surfaces benchmark (``bench_surfaces.py``: Anthropic
+Messages and OpenAI Responses, translated and passed through, against chat on the same
+provider), and the memory of the stored responses of ``/v1/responses`` under a soak
+(``bench_responses_store.py``).
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def main() -> int:
     headline = proxy_headline(started)
     print("\n## Headline\n")
     print(headline or "(the proxy benchmark wrote no result: see its output above)")
-    messages = newest_headline("messages-*.json", started)
-    print(f"\n{messages or '(the Messages benchmark wrote no result: see its output above)'}")
+    surfaces = newest_headline("surfaces-*.json", started)
+    print(f"\n{surfaces or '(the surfaces benchmark wrote no result: see its output above)'}")
     store = newest_headline("responses-store-*.json", started)
     print(f"\n{store or '(the responses store benchmark wrote no result: see its output above)'}")
     if failed:

@@ -169,9 +169,9 @@ class ResponsesRenderer:
         )
 
         def finished() -> None:
-            response = translator.response
-            if response is not None:
-                request.keep(self._id, dumps(response), response)
+            response, body = translator.response, translator.response_json
+            if response is not None and body is not None:
+                request.keep(self._id, body, response)  # (as the last event carried it)
 
         return translator.feed(first), translated_frames(translator, frames, finished)
 

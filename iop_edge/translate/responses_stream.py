@@ -76,6 +76,8 @@ from iop_edge.translate.sse import dumps
 __all__ = ["ResponsesStreamRenderer", "ResponsesStreamTranslator"]
 
 _Kind = Literal["message", "reasoning", "function_call"]
+# (a tuple: isinstance with it is several times cheaper than with a `X | Y` union built per call)
+_DELTAS: Final = (TextDelta, ReasoningDelta, ToolCallDelta)
 _DELTA_OF: Final[dict[_Kind, str]] = {
     "message": "response.output_text.delta",
     "reasoning": "response.reasoning_text.delta",
@@ -141,6 +143,7 @@ class ResponsesStreamRenderer:
         "failure",
         "response",
         "response_id",
+        "response_json",
     )
 
     def __init__(
@@ -168,6 +171,8 @@ class ResponsesStreamRenderer:
         self.response: dict[str, Any] | None = None
         """The last event's Response once the stream has ended: completed, incomplete or
         failed (its ``status`` says which), for the store."""
+        self.response_json: bytes | None = None
+        """:attr:`response` as JSON, as the last event carried it (encoded once)."""
         self.failure: Failure | None = None
         """What ended the stream when it failed (``None``: it did not, or has not ended)."""
 
@@ -187,6 +192,17 @@ class ResponsesStreamRenderer:
         payload = {"type": name, "sequence_number": self._sequence, **fields}
         return b"event: " + name.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
+    def _response_event(self, name: bytes, response: bytes) -> bytes:
+        """A lifecycle event around its Response's JSON, encoded once (the same bytes as
+        :meth:`_event` of ``{"response": …}``: the names need no escaping)."""
+        self._sequence += 1
+        return b'event: %b\ndata: {"type":"%b","sequence_number":%d,"response":%b}\n\n' % (
+            name,
+            name,
+            self._sequence,
+            response,
+        )
+
     def _response(self, status: ResponseStatus, **fields: Any) -> dict[str, Any]:
         return response_object(
             response_id=self.response_id,
@@ -201,9 +217,9 @@ class ResponsesStreamRenderer:
         """``response.created`` and ``response.in_progress`` (nothing if already sent)."""
         if self.started:
             return b""
-        response = self._response("in_progress", output=[], usage=None)
-        return self._event("response.created", {"response": response}) + self._event(
-            "response.in_progress", {"response": response}
+        response = dumps(self._response("in_progress", output=[], usage=None))
+        return self._response_event(b"response.created", response) + self._response_event(
+            b"response.in_progress", response
         )
 
     def render_all(self, events: Sequence[AnswerEvent]) -> bytes:
@@ -215,28 +231,26 @@ class ResponsesStreamRenderer:
         if self.response is not None:
             return b""
         out = self.start() if self._sequence < 0 else b""
-        if isinstance(event, TextDelta | ReasoningDelta | ToolCallDelta):
-            text = event.arguments if isinstance(event, ToolCallDelta) else event.text
+        if isinstance(event, _DELTAS):
             item = self._open
             if isinstance(event, ToolCallDelta):
+                text = event.arguments
                 if item is None or item.kind != "function_call":
                     raise ValueError(f"arguments of tool call {event.index}, which is not open")
             else:
+                text = event.text
                 kind: _Kind = "message" if isinstance(event, TextDelta) else "reasoning"
                 if item is None or item.kind != kind:
                     out += self._close()
                     item = self._open_item(kind)
                     out += self._added(item)
-                self._bytes += text_bytes(text)
             item.parts.append(text)
             self._sequence += 1
-            return (
-                out
-                + item.head
-                + dumps(text)
-                + b',"sequence_number":'
-                + str(self._sequence).encode()
-                + b"}\n\n"
+            return b'%b%b%b,"sequence_number":%d}\n\n' % (
+                out,
+                item.head,
+                dumps(text),
+                self._sequence,
             )
         if isinstance(event, ToolCallStart):
             out += self._close()
@@ -287,6 +301,8 @@ class ResponsesStreamRenderer:
         done = item.snapshot(status, sealed=self._sealed)
         self._output.append(done)
         text = "".join(item.parts)
+        if item.kind != "function_call":  # (a call's arguments are counted at its end)
+            self._bytes += text_bytes(text)  # UTF-8 lengths add up: counted once, not per delta
         where = {"item_id": item.id, "output_index": item.index}
         if item.kind == "function_call":
             out = self._event("response.function_call_arguments.done", {**where, "arguments": text})
@@ -318,10 +334,9 @@ class ResponsesStreamRenderer:
             usage=response_usage(finish.usage, self._estimate, self._bytes),
             incomplete=incomplete,
         )
-        name = "response.incomplete" if incomplete is not None else "response.completed"
-        out += self._event(name, {"response": response})
-        self.response = response
-        return out
+        name = b"response.incomplete" if incomplete is not None else b"response.completed"
+        self.response, self.response_json = response, dumps(response)
+        return out + self._response_event(name, self.response_json)
 
     def fail(self, code: str, message: str) -> bytes:
         """``response.failed`` (after ``response.created`` when nothing was sent yet), which
@@ -336,8 +351,8 @@ class ResponsesStreamRenderer:
             "failed", output=output, usage=None, error=response_error(code, message)
         )
         self.failure = Failure(code, message)
-        self.response = response
-        return out + self._event("response.failed", {"response": response})
+        self.response, self.response_json = response, dumps(response)
+        return out + self._response_event(b"response.failed", self.response_json)
 
 
 class ResponsesStreamTranslator:
@@ -378,6 +393,11 @@ class ResponsesStreamTranslator:
     def response(self) -> dict[str, Any] | None:
         """The last event's Response once the stream has ended (its status says how)."""
         return self.renderer.response
+
+    @property
+    def response_json(self) -> bytes | None:
+        """:attr:`response` as JSON, as the last event carried it."""
+        return self.renderer.response_json
 
     @property
     def failure(self) -> Failure | None:

@@ -1,54 +1,66 @@
-"""Benchmark (issue 27): Anthropic Messages through iop-edge against chat on the same provider.
+"""Benchmark (issues 27 and 28): Anthropic Messages and OpenAI Responses through iop-edge against
+chat on the same provider.
 
 One ``iop-edge serve`` (the proxy benchmark's config: auth on, metrics on, the JSON request log
 at info) with two model groups on the same fake upstream (``iop_edge.testing.fake_openai``, 16
 content chunks per answer, in its own process): ``bench-model``, an ``openai_compat`` chat
-provider, where a ``POST /v1/messages`` is **translated** to chat and back, and
-``bench-native``, the same provider with ``native_apis: [messages]``, where it is **passed
-through** to the fake's own ``/v1/messages`` (16 ``text_delta`` events). The same prompt and
-``max_tokens`` in every scenario, so the same reply in the same 16 pieces. The load is
-``bench/loadgen.py`` (``--api chat`` or ``--api messages``, the Python engine, closed loop),
-the CPU is the edge process's CPU time over the requests it completed, and the pinning is the
-proxy benchmark's (the edge on core 1; the fake, the load and this driver on core 0):
+provider, where a ``POST /v1/messages`` or ``POST /v1/responses`` is **translated** to chat and
+back, and ``bench-native``, the same provider with ``native_apis: [messages, responses]``, where
+it is **passed through** to the fake's own ``/v1/messages`` (16 ``text_delta`` events) or
+``/v1/responses`` (16 ``response.output_text.delta`` events). The same prompt and maximum of
+tokens in every scenario, so the same reply in the same 16 pieces. The load is
+``bench/loadgen.py`` (``--api chat``, ``messages`` or ``responses``, the Python engine, closed
+loop), the CPU is the edge process's CPU time over the requests it completed, and the pinning
+is the proxy benchmark's (the edge on core 1; the fake, the load and this driver on core 0):
 
-==========================  ================================================================
-scenario                    what is sent
-==========================  ================================================================
-``chat``                    ``POST /v1/chat/completions`` to ``bench-model``
-``messages-translated``     ``POST /v1/messages`` to ``bench-model`` (translated)
-``messages-passthrough``    ``POST /v1/messages`` to ``bench-native`` (passed through)
-``chat-native``             ``POST /v1/chat/completions`` to ``bench-native``: chat on the
-                            passthrough provider, the same work as ``chat`` — its ratio to
-                            ``chat`` shows the run's noise
-``direct-chat``             the fake's ``/v1/chat/completions`` directly (latency only)
-``direct-messages``         the fake's ``/v1/messages`` directly (latency only)
-==========================  ================================================================
+===============================  ===========================================================
+scenario                         what is sent
+===============================  ===========================================================
+``chat``                         ``POST /v1/chat/completions`` to ``bench-model``
+``messages-translated``          ``POST /v1/messages`` to ``bench-model`` (translated)
+``messages-passthrough``         ``POST /v1/messages`` to ``bench-native`` (passed through)
+``responses-translated``         ``POST /v1/responses``, ``store: false``, to ``bench-model``
+                                 (translated)
+``responses-translated-stored``  the same with ``store: true``: the edge keeps each response
+                                 (its default store: 1,000 responses, 64 MiB)
+``responses-passthrough``        ``POST /v1/responses``, ``store: false``, to ``bench-native``
+                                 (passed through)
+``chat-native``                  ``POST /v1/chat/completions`` to ``bench-native``: chat on
+                                 the passthrough provider, the same work as ``chat`` — its
+                                 ratio to ``chat`` shows the run's noise
+``direct-chat``                  the fake's ``/v1/chat/completions`` directly (latency only)
+``direct-messages``              the fake's ``/v1/messages`` directly (latency only)
+``direct-responses``             the fake's ``/v1/responses`` directly (latency only)
+===============================  ===========================================================
 
-Each round measures, one cell after the other: streaming at concurrency 16 (the four edge
-scenarios), streaming at concurrency 1 (``chat``, both Messages modes and both direct ones),
-non-streaming at concurrency 16 (``chat`` and ``messages-translated``); within a group the order
-turns by one every round, so every scenario is measured in every position. The figures are
-medians over the rounds of per-round values (each a pair measured seconds apart):
+``--api messages,responses`` (the default) says which surfaces are measured; the chat
+scenarios are measured with either. Each round measures, one cell after the other: streaming at
+concurrency 16 (every edge scenario), streaming at concurrency 1 (``chat``, each surface's
+modes without the store, and the direct ones), non-streaming at concurrency 16 (``chat`` and
+each translated surface); within a group the order turns by one every round, so every
+scenario is measured in every position. The figures are medians over the rounds of per-round
+values (each a pair measured seconds apart):
 
-- CPU per request, translated Messages stream over chat stream (c=16): target ≤ 1.3×;
-- CPU per request, passthrough Messages stream over chat stream on the passthrough provider
-  (c=16): target ≤ 1.05×;
+- CPU per request, a translated stream over a chat stream (c=16), Messages and Responses
+  (with and without the store): target ≤ 1.3×;
+- CPU per request, a passthrough stream over a chat stream on the passthrough provider
+  (c=16), Messages and Responses: target ≤ 1.05×;
 - added p50 at c=1 (the edge's p50 minus the upstream's own for the same work: the fake's chat
-  for ``chat`` and the translated mode, its Messages for passthrough), of each Messages mode
-  against chat's: target "unchanged", judged as ``make bench-check`` judges an added p50 (not
-  more than 10 % and 0.01 ms above chat's);
-- reported without a target: the non-streamed translated/chat ratio, the c=1 ratios, the
-  control ratio.
+  for ``chat`` and the translated modes, its Messages or Responses for passthrough), of each
+  mode against chat's: target "unchanged", judged as ``make bench-check`` judges an added p50
+  (not more than 10 % and 0.01 ms above chat's);
+- reported without a target: the store's cost (stored over not stored), the non-streamed
+  translated/chat ratios, the c=1 ratios, the control ratio.
 
 Other work on the run's two cores is measured in each round (``/proc/stat`` minus the run's own
 processes, as ``make bench-check`` does over its run): a round during which it took more than
 15 % of a core is thrown away and measured again, up to ``--rounds`` more times. Prints the
-tables and writes ``bench/results/messages-<time>.json``; exit status 0 when every target is
+tables and writes ``bench/results/surfaces-<time>.json``; exit status 0 when every target is
 met, 1 when one is missed, 2 when the run is broken (a target did not start, a request failed,
 a cell measured nothing, no round was quiet).
 
-    .venv/bin/python bench/bench_messages.py                 # about 2.5 minutes on 2 cores
-    .venv/bin/python bench/bench_messages.py --rounds 3 --duration 0.5   # a quick look
+    .venv/bin/python bench/bench_surfaces.py                 # about 4 minutes on 2 cores
+    .venv/bin/python bench/bench_surfaces.py --api responses --rounds 3 --duration 0.5
 """
 
 from __future__ import annotations
@@ -91,6 +103,8 @@ EXIT_BROKEN: Final = 2
 MAX_OTHER_WORK_PCT: Final = 15.0
 P50_TOLERANCE: Final = 0.10
 P50_FLOOR_MS: Final = 0.01
+SURFACES: Final = {"messages": "Anthropic Messages", "responses": "OpenAI Responses"}
+"""The surfaces measured against chat (``--api``), and how the tables name them."""
 
 
 @dataclass(frozen=True)
@@ -99,9 +113,16 @@ class Scenario:
 
     name: str
     api: str
-    """``bench/loadgen.py --api``: ``chat`` or ``messages``."""
+    """``bench/loadgen.py --api``: ``chat``, ``messages`` or ``responses``."""
     model: str
     direct: bool = False
+    store: bool = False
+    """``bench/loadgen.py --store``: Responses' ``store: true``."""
+
+    @property
+    def surface(self) -> str | None:
+        """The surface it measures (``None``: chat, measured with any surface)."""
+        return None if self.api == "chat" else self.api
 
 
 SCENARIOS: Final = {
@@ -110,9 +131,13 @@ SCENARIOS: Final = {
         Scenario("chat", "chat", MODEL),
         Scenario("messages-translated", "messages", MODEL),
         Scenario("messages-passthrough", "messages", NATIVE_MODEL),
+        Scenario("responses-translated", "responses", MODEL),
+        Scenario("responses-translated-stored", "responses", MODEL, store=True),
+        Scenario("responses-passthrough", "responses", NATIVE_MODEL),
         Scenario("chat-native", "chat", NATIVE_MODEL),
         Scenario("direct-chat", "chat", MODEL, direct=True),
         Scenario("direct-messages", "messages", MODEL, direct=True),
+        Scenario("direct-responses", "responses", MODEL, direct=True),
     )
 }
 
@@ -132,14 +157,48 @@ class CellGroup:
 
 
 GROUPS: Final = (
-    CellGroup(True, 16, ("chat", "messages-translated", "messages-passthrough", "chat-native")),
+    CellGroup(
+        True,
+        16,
+        (
+            "chat",
+            "messages-translated",
+            "messages-passthrough",
+            "responses-translated",
+            "responses-translated-stored",
+            "responses-passthrough",
+            "chat-native",
+        ),
+    ),
     CellGroup(
         True,
         1,
-        ("direct-chat", "direct-messages", "chat", "messages-translated", "messages-passthrough"),
+        (
+            "direct-chat",
+            "direct-messages",
+            "direct-responses",
+            "chat",
+            "messages-translated",
+            "messages-passthrough",
+            "responses-translated",
+            "responses-passthrough",
+        ),
     ),
-    CellGroup(False, 16, ("chat", "messages-translated")),
+    CellGroup(False, 16, ("chat", "messages-translated", "responses-translated")),
 )
+"""Every group with every surface's scenarios (:func:`groups` keeps those of ``--api``)."""
+
+
+def groups(surfaces: Sequence[str]) -> tuple[CellGroup, ...]:
+    """:data:`GROUPS` with only the chat scenarios and those of ``surfaces``."""
+    return tuple(
+        CellGroup(
+            group.stream,
+            group.concurrency,
+            tuple(name for name in group.scenarios if SCENARIOS[name].surface in (None, *surfaces)),
+        )
+        for group in GROUPS
+    )
 
 
 @dataclass(frozen=True)
@@ -165,21 +224,60 @@ CPU_RATIOS: Final = (
         1.05,
     ),
     CpuRatio(
+        "translated Responses, store: false / chat, streaming",
+        "stream c=16",
+        "responses-translated",
+        "chat",
+        1.3,
+    ),
+    CpuRatio(
+        "translated Responses, store: true / chat, streaming",
+        "stream c=16",
+        "responses-translated-stored",
+        "chat",
+        1.3,
+    ),
+    CpuRatio(
+        "passthrough Responses / chat on the passthrough provider, streaming",
+        "stream c=16",
+        "responses-passthrough",
+        "chat-native",
+        1.05,
+    ),
+    CpuRatio(
         "control: chat on the passthrough provider / chat", "stream c=16", "chat-native", "chat"
     ),
     CpuRatio(
+        "the store: translated Responses, store: true / store: false, streaming",
+        "stream c=16",
+        "responses-translated-stored",
+        "responses-translated",
+    ),
+    CpuRatio(
         "translated Messages / chat, non-streaming", "plain c=16", "messages-translated", "chat"
+    ),
+    CpuRatio(
+        "translated Responses / chat, non-streaming", "plain c=16", "responses-translated", "chat"
     ),
     CpuRatio("translated Messages / chat, streaming", "stream c=1", "messages-translated", "chat"),
     CpuRatio(
         "passthrough Messages / chat, streaming", "stream c=1", "messages-passthrough", "chat"
     ),
+    CpuRatio(
+        "translated Responses / chat, streaming", "stream c=1", "responses-translated", "chat"
+    ),
+    CpuRatio(
+        "passthrough Responses / chat, streaming", "stream c=1", "responses-passthrough", "chat"
+    ),
 )
+"""Every figure; :func:`figures` makes those whose two scenarios were measured."""
 
 ADDED_P50: Final = (
     ("chat", "chat", "direct-chat"),
     ("messages, translated", "messages-translated", "direct-chat"),
     ("messages, passthrough", "messages-passthrough", "direct-messages"),
+    ("responses, translated", "responses-translated", "direct-chat"),
+    ("responses, passthrough", "responses-passthrough", "direct-responses"),
 )
 """(label, edge scenario, the direct scenario doing the same upstream work) at stream c=1."""
 ADDED_P50_GROUP: Final = "stream c=1"
@@ -206,10 +304,18 @@ def _p50(rounds: Rounds, group: str, scenario: str) -> list[float]:
     return [float(cell["latency_ms"]["p50"]) for cell in rounds[group][scenario]]
 
 
+def _measured(rounds: Rounds, group: str, *scenarios: str) -> bool:
+    return all(name in rounds.get(group, {}) for name in scenarios)
+
+
 def figures(rounds: Rounds) -> dict[str, Any]:
-    """The CPU ratios and the added p50s, with their per-round values and verdicts."""
+    """The CPU ratios and the added p50s of the scenarios measured, with their per-round values
+    and verdicts; and the surfaces they were of (in :data:`SURFACES`' order)."""
+    measured = {SCENARIOS[name].surface for scenarios in rounds.values() for name in scenarios}
     cpu_rows = []
     for ratio in CPU_RATIOS:
+        if not _measured(rounds, ratio.group, ratio.numerator, ratio.denominator):
+            continue
         top = _cpu(rounds, ratio.group, ratio.numerator)
         bottom = _cpu(rounds, ratio.group, ratio.denominator)
         per_round = [a / b for a, b in zip(top, bottom, strict=True)]
@@ -229,6 +335,11 @@ def figures(rounds: Rounds) -> dict[str, Any]:
                 "met": None if ratio.target is None else median <= ratio.target,
             }
         )
+    pairs = [
+        (label, scenario, upstream)
+        for label, scenario, upstream in ADDED_P50
+        if _measured(rounds, ADDED_P50_GROUP, scenario, upstream)
+    ]
     added = {
         label: [
             edge - direct
@@ -238,11 +349,11 @@ def figures(rounds: Rounds) -> dict[str, Any]:
                 strict=True,
             )
         ]
-        for label, scenario, upstream in ADDED_P50
+        for label, scenario, upstream in pairs
     }
     chat = statistics.median(added["chat"])
     p50_rows = []
-    for label, scenario, upstream in ADDED_P50:
+    for label, scenario, upstream in pairs:
         median = statistics.median(added[label])
         row: dict[str, Any] = {
             "figure": label,
@@ -256,7 +367,11 @@ def figures(rounds: Rounds) -> dict[str, Any]:
             row["change"] = round(change, 4)
             row["met"] = verdict != "WORSE"
         p50_rows.append(row)
-    return {"cpu": cpu_rows, "added_p50": p50_rows}
+    return {
+        "surfaces": [surface for surface in SURFACES if surface in measured],
+        "cpu": cpu_rows,
+        "added_p50": p50_rows,
+    }
 
 
 def all_met(result: dict[str, Any]) -> bool:
@@ -267,8 +382,9 @@ def all_met(result: dict[str, Any]) -> bool:
 
 def markdown(result: dict[str, Any]) -> str:
     """The two tables (the headline ``make bench`` repeats at the end)."""
+    surfaces = " and ".join(SURFACES[surface] for surface in result["surfaces"])
     lines = [
-        "#### Anthropic Messages against chat on the same provider (CPU per request, same run)\n",
+        f"#### {surfaces} against chat on the same provider (CPU per request, same run)\n",
         "| figure | cell | CPU µs/req | ratio (per round) | target |",
         "| --- | --- | ---: | --- | --- |",
     ]
@@ -304,12 +420,12 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def _measure_round(
-    bench: Bench, edge: Target, round_index: int, label: str
+    bench: Bench, edge: Target, cell_groups: Sequence[CellGroup], round_index: int, label: str
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Every group's cells once, in this round's order: group key → scenario → cell."""
     assert bench.fake is not None
     cells: dict[str, dict[str, dict[str, Any]]] = {}
-    for group in GROUPS:
+    for group in cell_groups:
         line = []
         for name in rotated(group.scenarios, round_index):
             scenario = SCENARIOS[name]
@@ -320,6 +436,7 @@ def _measure_round(
                 group.concurrency,
                 api=scenario.api,
                 model=scenario.model,
+                store=scenario.store,
                 label=f"{name} {group.key}",
             )
             cell["scenario"] = name
@@ -356,8 +473,9 @@ def measure(options: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
             *(["--no-pin"] if options.no_pin else []),
         ]
     )
-    workdir = Path(tempfile.mkdtemp(prefix="iop-bench-messages-"))
-    rounds: Rounds = {group.key: {name: [] for name in group.scenarios} for group in GROUPS}
+    workdir = Path(tempfile.mkdtemp(prefix="iop-bench-surfaces-"))
+    cell_groups = groups(options.api)
+    rounds: Rounds = {group.key: {name: [] for name in group.scenarios} for group in cell_groups}
     started = time.monotonic()
     kept: list[dict[str, float]] = []
     discarded: list[dict[str, float]] = []
@@ -386,7 +504,7 @@ def measure(options: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
             label = f"round {len(kept) + 1}/{options.rounds}"
             foreign = ForeignLoad(proxy_core, load_core)
             edge_cpu, fake_cpu = edge.process.cpu_seconds(), bench.fake.process.cpu_seconds()
-            cells = _measure_round(bench, edge, len(kept) + len(discarded), label)
+            cells = _measure_round(bench, edge, cell_groups, len(kept) + len(discarded), label)
             running = {}
             if proxy_core is not None and load_core is not None:
                 running[proxy_core] = edge.process.cpu_seconds() - edge_cpu
@@ -408,10 +526,14 @@ def measure(options: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
             f"{len(discarded)} rounds; run it again when the machine is quiet"
         )
     info.update(
-        command=" ".join(["bench/bench_messages.py", *options.argv]),
+        command=" ".join(["bench/bench_surfaces.py", *options.argv]),
         git_rev=git_rev(),
-        upstream="iop_edge.testing.fake_openai --behavior chunks=16 (chat and native Messages)",
-        load_generator="bench/loadgen.py --engine python (--api chat | messages)",
+        upstream=(
+            "iop_edge.testing.fake_openai --behavior chunks=16 (chat, native Messages and "
+            "native Responses)"
+        ),
+        load_generator="bench/loadgen.py --engine python (--api chat | messages | responses)",
+        surfaces=list(options.api),
         rounds=len(kept),
         rounds_asked=options.rounds,
         rounds_discarded_busy=len(discarded),
@@ -446,6 +568,11 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
         help="a round during which other processes took more than PCT %% of one of its cores "
         f"is measured again (default {MAX_OTHER_WORK_PCT:.0f})",
     )
+    parser.add_argument(
+        "--api",
+        default=",".join(SURFACES),
+        help=f"the surfaces measured against chat, comma-separated (default {','.join(SURFACES)})",
+    )
     parser.add_argument("--no-pin", action="store_true", help="do not use taskset")
     parser.add_argument("--output", type=Path, default=RESULTS, help="where the run's JSON goes")
     options = parser.parse_args(argv)
@@ -454,6 +581,14 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--rounds: {options.rounds} is not >= 1")
     if options.duration <= 0 or options.warmup < 0:
         parser.error("--duration must be > 0 and --warmup >= 0")
+    surfaces = [name.strip() for name in options.api.split(",") if name.strip()]
+    unknown = [name for name in surfaces if name not in SURFACES]
+    if unknown or not surfaces:
+        parser.error(
+            f"--api: {options.api!r} is not a list of surfaces; each must be one of "
+            f"{', '.join(SURFACES)}"
+        )
+    options.api = [surface for surface in SURFACES if surface in surfaces]
     return options
 
 
@@ -463,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rounds, info = measure(options)
     except BrokenRun as exc:
-        print(f"\nbench_messages: broken run: {exc}", file=sys.stderr)
+        print(f"\nbench_surfaces: broken run: {exc}", file=sys.stderr)
         return EXIT_BROKEN
     result = figures(rounds)
     text = markdown(result)
@@ -476,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     elif info["rounds_discarded_busy"]:
         print(f"{info['rounds_discarded_busy']} busy round(s) discarded and measured again")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = options.output / f"messages-{stamp}.json"
+    path = options.output / f"surfaces-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     cells = {group: dict(scenarios) for group, scenarios in rounds.items()}
     document = {"meta": info, "figures": result, "cells": cells, "headline_markdown": text}
