@@ -150,10 +150,7 @@ class UpstreamTokenizer:
         headers: Mapping[str, str],
         request_id: str,
     ) -> int:
-        body: dict[str, Any] = {"model": target, "messages": messages}
-        if tools is not None:
-            body["tools"] = tools
-        body["add_generation_prompt"] = True
+        body = {**_chat(messages, tools, target), "add_generation_prompt": True}
         answer = await self._post("tokenize", body, headers, request_id)
         count = answer.get("count")
         if type(count) is not int or count < 0:
@@ -168,10 +165,9 @@ class UpstreamTokenizer:
         headers: Mapping[str, str],
         request_id: str,
     ) -> int:
-        body: dict[str, Any] = {"model": target, "messages": messages}
-        if tools is not None:
-            body["tools"] = tools
-        templated = await self._post("apply-template", body, headers, request_id)
+        templated = await self._post(
+            "apply-template", _chat(messages, tools, target), headers, request_id
+        )
         prompt = templated.get("prompt")
         if not isinstance(prompt, str):
             raise _Miss("POST /apply-template answered 200 without a prompt", absent=True)
@@ -213,3 +209,11 @@ def _refused(path: str, reply: UpstreamReply) -> _Miss:
     if reply.status in _ABSENT_STATUSES:
         return _Miss(said, absent=True)
     return _Miss(said, stop=reply.status >= 500)
+
+
+def _chat(messages: list[Any], tools: object, target: str) -> dict[str, Any]:
+    """The chat part both dialects template: the target model, the messages, the tools."""
+    body: dict[str, Any] = {"model": target, "messages": messages}
+    if tools is not None:
+        body["tools"] = tools
+    return body
