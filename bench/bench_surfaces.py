@@ -59,7 +59,7 @@ tables and writes ``bench/results/surfaces-<time>.json``; exit status 0 when eve
 met, 1 when one is missed, 2 when the run is broken (a target did not start, a request failed,
 a cell measured nothing, no round was quiet).
 
-    .venv/bin/python bench/bench_surfaces.py                 # about 4 minutes on 2 cores
+    .venv/bin/python bench/bench_surfaces.py                 # about 3 minutes on 2 cores
     .venv/bin/python bench/bench_surfaces.py --api responses --rounds 3 --duration 0.5
 """
 
