@@ -9,6 +9,7 @@ benchmark's job (``make bench``).
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -209,12 +210,35 @@ def test_a_tiny_added_p50_is_unchanged_within_the_floor_of_a_hundredth_of_a_mill
     assert row(result["added_p50"], "messages, translated")["met"] is True  # +45 %, +0.009 ms
 
 
-def test_every_scenario_takes_every_position_of_its_group_over_the_rounds():
-    for group in bench_surfaces.GROUPS:
-        names = group.scenarios
-        orders = [bench_surfaces.rotated(names, i) for i in range(len(names))]
-        for position in range(len(names)):
-            assert sorted(order[position] for order in orders) == sorted(names)
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 7, 8])
+def test_over_the_rounds_every_scenario_takes_every_position_and_follows_every_other_alike(count):
+    names = [f"s{i}" for i in range(count)]
+    cycle = 2 * count if count % 2 else count
+    orders = [bench_surfaces.round_order(names, i) for i in range(cycle)]
+    assert all(sorted(order) == names for order in orders)
+    for position in range(count):
+        column = [order[position] for order in orders]
+        assert all(column.count(name) == cycle // count for name in names)
+    follows: dict[tuple[str, str], int] = {}
+    for order in orders:
+        for before, after in itertools.pairwise(order):
+            follows[before, after] = follows.get((before, after), 0) + 1
+    if count > 1:
+        # every ordered pair of different scenarios, equally often
+        assert len(follows) == count * (count - 1)
+        assert len(set(follows.values())) == 1
+    assert bench_surfaces.round_order(names, cycle) == orders[0]
+
+
+def test_the_groups_orders_put_each_scenario_after_different_ones():
+    group = bench_surfaces.GROUPS[0]  # streaming at concurrency 16, seven scenarios
+    before_stored = {
+        order[order.index("responses-translated-stored") - 1]
+        for order in (bench_surfaces.round_order(group.scenarios, i) for i in range(7))
+        if order[0] != "responses-translated-stored"
+    }
+    # three, each twice (all six over 14 rounds); turning by one: always responses-translated
+    assert len(before_stored) == 3
 
 
 def test_the_table_names_each_verdict():
