@@ -22,9 +22,12 @@
   — ``response.created``, ``response.queued``, ``response.in_progress``,
   ``response.completed``, ``response.incomplete``, ``response.failed`` —, the only events
   decoded besides ``error``: a run of output events (items, parts, text, arguments and
-  reasoning deltas) is checked and relayed in one pass, never decoded. Usage comes from the
-  last event's ``response.usage``; that event's Response (``model`` the client's) is kept as
-  the stream's :attr:`~iop_edge.adapters.base.UpstreamStream.final_response`. The stream is done
+  reasoning deltas) is checked and relayed in one pass, never decoded; an event before the last
+  whose only ``"model":`` key names the model the upstream was asked for has it replaced in the
+  bytes, undecoded. Usage comes from the last event's ``response.usage``; that event's Response
+  (``model`` the client's) is the stream's
+  :attr:`~iop_edge.adapters.base.UpstreamStream.final_response`, encoded only when asked for
+  (a response the edge stores). The stream is done
   at ``response.completed`` or ``response.incomplete``; a body that ends before one of them
   (or ``response.failed``) is an ``upstream_error``.
 - An upstream ``error`` or ``response.failed`` event: relayed to the client untouched (it is
@@ -39,7 +42,9 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
+
+import orjson
 
 from iop_edge.adapters.base import UpstreamCall, UpstreamReply, UpstreamStream, Usage
 from iop_edge.adapters.native_relay import (
@@ -49,7 +54,7 @@ from iop_edge.adapters.native_relay import (
     post_native,
     require_native,
 )
-from iop_edge.adapters.openai_format import dumps, read_usage, with_model
+from iop_edge.adapters.openai_format import MODEL_KEY, dumps, read_usage, with_model
 from iop_edge.adapters.upstream_http import HttpBackend, HttpTarget
 from iop_edge.envelope import envelope
 
@@ -101,7 +106,7 @@ async def open_responses_stream(
     """POST a streamed ``responses`` call; once the upstream answers 200, relay its events."""
     require_native(call, native_apis, RESPONSES_ENDPOINT, target.label)
     url = target.url(RESPONSES_ENDPOINT)
-    events = ResponsesEvents(target, url, Usage(), call.answer_model)
+    events = ResponsesEvents(target, url, Usage(), call.answer_model, call.target)
     payload = native_payload(call, stream_field=True)
     opened = await open_native(backend, target, call, url, payload, _openai_error, events)
     if isinstance(opened, UpstreamStream):
@@ -111,9 +116,10 @@ async def open_responses_stream(
 
 class ResponsesEvents(NamedEvents):
     """An upstream's OpenAI Responses event stream as the client's frames, with the usage and
-    the final Response captured (see the module docstring)."""
+    the final Response captured (see the module docstring). ``sent_model`` is the ``model``
+    the upstream was asked for, which it names in its Responses."""
 
-    __slots__ = ("_final",)
+    __slots__ = ("_final", "_pairs")
 
     unfinished = (
         "the stream ended before event: response.completed (or response.incomplete, "
@@ -130,19 +136,28 @@ class ResponsesEvents(NamedEvents):
     )
     failures = frozenset({b"error", b"response.failed"})
 
-    def __init__(self, target: HttpTarget, url: str, usage: Usage, model: str) -> None:
+    def __init__(
+        self, target: HttpTarget, url: str, usage: Usage, model: str, sent_model: str
+    ) -> None:
         super().__init__(target, url, usage, model)
-        self._final: bytes | None = None
+        self._final: dict[str, Any] | None = None
+        # the compact "model": pairs of the name the upstream was asked for and the client's
+        self._pairs = (MODEL_KEY + orjson.dumps(sent_model), MODEL_KEY + orjson.dumps(model))
 
     def final_response(self) -> bytes | None:
-        """The Response of the last event as relayed (JSON), once it has come."""
-        return self._final
+        """The Response of the last event as relayed (JSON), once it has come: encoded when
+        asked for (only a stored response is), not for every stream."""
+        return None if self._final is None else dumps(self._final)
 
     def _take(self, name: bytes, payload: bytes) -> bytes:
         """A lifecycle event: its Response's ``model`` the client's; the last one's usage and
         Response captured, and the end marked."""
         if name not in _LIFECYCLE:
             return payload
+        if name not in _LAST:
+            renamed = self._renamed(payload)
+            if renamed is not None:
+                return renamed
         event = self._decode(payload)
         response = event.get("response")
         if not isinstance(response, dict):
@@ -151,6 +166,17 @@ class ResponsesEvents(NamedEvents):
         if name in _LAST:
             read_usage(response.get("usage"), self.usage)
             response["model"] = self._model
-            self._final = dumps(response)
+            self._final = response
             self.done = name != b"response.failed"
         return relayed
+
+    def _renamed(self, payload: bytes) -> bytes | None:
+        """An event before the last with its Response's model the client's, rewritten in the
+        bytes without decoding them, when that is unambiguous: the event's only ``"model":``
+        key has the name the upstream was asked for (a ``"model":`` inside a string would be
+        escaped). Else ``None``: the event is decoded (an upstream that renames its model, a
+        ``model`` in the metadata)."""
+        sent, answer = self._pairs
+        if payload.count(MODEL_KEY) != 1 or sent not in payload:
+            return None
+        return payload.replace(sent, answer)

@@ -190,7 +190,7 @@ async def _relay(
                     await response.write(first)
                 async for frame in frames:
                     await response.write(frame)
-                renderer.stream_finished(stream.final_response())
+                renderer.stream_finished(stream.final_response)
                 if lease is not None:
                     lease.succeeded()
             except AdapterError as exc:

@@ -9,7 +9,7 @@ adapters make them — OpenAI JSON, OpenAI SSE frames, the OpenAI error envelope
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
 from iop_edge.adapters.base import Endpoint, UpstreamReply
@@ -46,7 +46,7 @@ class ChatRenderer:
         upstream's first frame; given for the protocol, as a final error event."""
         return b"data: " + reply.body + b"\n\n"
 
-    def stream_finished(self, final_response: bytes | None) -> None:
+    def stream_finished(self, final_response: Callable[[], bytes | None]) -> None:
         """Nothing to do at the end of the stream."""
 
 

@@ -34,7 +34,7 @@ stream started is an ``error`` event, never ``message_stop``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
 import orjson
@@ -133,7 +133,7 @@ class TranslatedRenderer:
         """An upstream's error status, after the stream's head went out: an ``error`` event."""
         return _error_event(upstream_error_type(reply.status), _upstream_message(reply))
 
-    def stream_finished(self, final_response: bytes | None) -> None:
+    def stream_finished(self, final_response: Callable[[], bytes | None]) -> None:
         """Nothing to do at the end of the stream."""
 
 
@@ -167,7 +167,7 @@ class PassthroughRenderer:
             return b"event: error\ndata: " + reply.body.strip() + b"\n\n"
         return _error_event(upstream_error_type(reply.status), _upstream_message(reply))
 
-    def stream_finished(self, final_response: bytes | None) -> None:
+    def stream_finished(self, final_response: Callable[[], bytes | None]) -> None:
         """Nothing to do at the end of the stream."""
 
 

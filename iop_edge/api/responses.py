@@ -186,7 +186,7 @@ class ResponsesRenderer:
         """Never called (no keep-alive)."""
         return _error_event("upstream_error", f"The upstream answered HTTP {reply.status}.")
 
-    def stream_finished(self, final_response: bytes | None) -> None:
+    def stream_finished(self, final_response: Callable[[], bytes | None]) -> None:
         """Nothing: the translation stored the response at its end."""
 
 
@@ -224,10 +224,12 @@ class PassthroughRenderer:
         """Never called (no keep-alive)."""
         return _error_event("upstream_error", f"The upstream answered HTTP {reply.status}.")
 
-    def stream_finished(self, final_response: bytes | None) -> None:
+    def stream_finished(self, final_response: Callable[[], bytes | None]) -> None:
         """Store the Response the upstream's last event carried."""
-        if final_response is not None:
-            self._keep(final_response)
+        if self._request.stores:
+            body = final_response()
+            if body is not None:
+                self._keep(body)
 
     def _keep(self, body: bytes) -> None:
         if self._request.stores:

@@ -35,7 +35,7 @@ seam beyond a method call per answer.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -74,9 +74,10 @@ class Renderer(Protocol):
         answered an error status: that error, as the stream's last event."""
         ...
 
-    def stream_finished(self, final_response: bytes | None) -> None:
-        """The stream was relayed whole (``final_response``: the last Response a passthrough
-        upstream of the Responses API sent, else ``None``)."""
+    def stream_finished(self, final_response: Callable[[], bytes | None]) -> None:
+        """The stream was relayed whole (``final_response()``: the last Response a passthrough
+        upstream of the Responses API sent, else ``None``; encoded when called, so a renderer
+        that keeps nothing never pays for it)."""
         ...
 
 

@@ -319,6 +319,40 @@ async def test_the_stream_is_relayed_byte_for_byte_but_for_the_responses_model(s
     assert orjson.loads(final)["model"] == "gpt-5-codex"
 
 
+@pytest.mark.parametrize(
+    ("created", "expected"),
+    [
+        pytest.param(
+            CREATED.replace(b'"model":"fake-model"', b'"model":"served-name"'),
+            relayed(CREATED),
+            id="an-upstream-that-renames-its-model",
+        ),
+        pytest.param(
+            CREATED.replace(b'"model":"fake-model"', b'"model":"served-name"').replace(
+                b'"status":', b'"metadata":{"model":"fake-model"},"status":'
+            ),
+            relayed(CREATED).replace(b'"status":', b'"metadata":{"model":"fake-model"},"status":'),
+            id="the-asked-name-in-the-metadata",
+        ),
+        pytest.param(
+            CREATED.replace(b'"status":', b'"metadata":{"model":"fake-model"},"status":'),
+            relayed(CREATED).replace(b'"status":', b'"metadata":{"model":"fake-model"},"status":'),
+            id="the-asked-name-twice",
+        ),
+    ],
+)
+async def test_the_responses_model_is_the_clients_however_the_upstream_names_it(
+    sets, created, expected
+):
+    # An event before the last is rewritten in its bytes only when its one "model": key has
+    # the name the upstream was asked for; else it is decoded, and only the Response's own
+    # model changes (never a "model" in the metadata).
+    got = await relay(sets, CannedUpstream([created + COMPLETED]))
+    assert got.error is None
+    assert got.frames == expected + relayed(COMPLETED)
+    assert final_of(got.frames.split(b"\n\n")[0] + b"\n\n")["model"] == "gpt-5-codex"
+
+
 async def test_a_non_streamed_body_asking_for_a_stream_gets_one_only_when_the_call_streams(
     sets,
 ):
