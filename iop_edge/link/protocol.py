@@ -419,7 +419,7 @@ def _typed(value: Any, name: str, kind: type[_T], where: str) -> _T:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise LinkViolation(
             "bad_field",
-            f"{where} meta field {name!r} is {_show(value)}; it must be a {_json_type(kind)}",
+            f"{where} meta field {name!r} is {_show(value)}; it must be {_json_type(kind)}",
         )
     return value
 
@@ -431,10 +431,10 @@ def _show(value: Any) -> str:
 
 def _json_type(kind: type) -> str:
     return {
-        str: "string",
-        int: "integer",
-        float: "number",
-        bool: "boolean",
-        list: "list",
-        dict: "object",
-    }.get(kind, kind.__name__)
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "a boolean",
+        list: "a list",
+        dict: "an object",
+    }.get(kind, f"a {kind.__name__}")
