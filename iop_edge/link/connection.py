@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from aiohttp import ClientWebSocketResponse, ClientWSTimeout, WebSocketError, WSMsgType, web
@@ -69,7 +69,7 @@ def server_websocket(limits: LinkLimits) -> web.WebSocketResponse:
     bombs, no CPU), no aiohttp heartbeat (the link has its own)."""
     return web.WebSocketResponse(
         compress=False,
-        max_msg_size=limits.max_frame_bytes,
+        max_msg_size=_aiohttp_max_msg_size(limits),
         autoping=True,
         heartbeat=None,
         timeout=CLOSE_TIMEOUT_SECONDS,
@@ -82,11 +82,16 @@ def client_options(limits: LinkLimits) -> dict[str, Any]:
     defaults, which a v1 edge keeps)."""
     return {
         "compress": 0,
-        "max_msg_size": limits.max_frame_bytes,
+        "max_msg_size": _aiohttp_max_msg_size(limits),
         "autoping": True,
         "heartbeat": None,
         "timeout": ClientWSTimeout(ws_close=CLOSE_TIMEOUT_SECONDS),
     }
+
+
+def _aiohttp_max_msg_size(limits: LinkLimits) -> int:
+    # aiohttp refuses a message of max_msg_size bytes or more; a frame may be max_frame_bytes.
+    return limits.max_frame_bytes + 1
 
 
 class LinkClosed(IopEdgeError):
@@ -188,8 +193,8 @@ class LinkConnection:
         """The peer's next frame (its ``PING`` is answered, its ``PONG`` measured, neither is
         returned). Raises :class:`LinkViolation` for a text message, an undecodable frame, a
         kind in the wrong direction, a ``PING`` flood or an oversize message — the link is
-        then closed with :data:`CLOSE_VIOLATION` (an oversize one by aiohttp, with 1009) —
-        and :class:`LinkClosed` once the link is closed."""
+        then closed with :data:`CLOSE_VIOLATION` and the reason (an oversize message by
+        aiohttp, with 1009) — and :class:`LinkClosed` once the link is closed."""
         try:
             while True:
                 frame = await self._next_frame()
@@ -202,8 +207,10 @@ class LinkConnection:
                     check_direction(kind, from_node=self._from_node)
                     return frame
         except LinkViolation as exc:
-            if not self.closed:
-                await self.close(CLOSE_VIOLATION, exc.reason)
+            # Raised at once; the close handshake (bounded by CLOSE_TIMEOUT_SECONDS) goes on
+            # in a task: a peer that broke the rules may not answer it.
+            if not self._ws.closed and self._begin_close(CLOSE_VIOLATION, exc.reason):
+                self._spawn(self._close_socket(CLOSE_VIOLATION, exc.reason))
             raise
 
     async def _next_frame(self) -> Frame:
@@ -220,6 +227,8 @@ class LinkConnection:
             )
         error = msg.data if kind is WSMsgType.ERROR else None
         if isinstance(error, WebSocketError) and error.code == CLOSE_TOO_BIG:
+            # aiohttp sent the peer 1009 already (and then reports an abnormal closure).
+            self._begin_close(CLOSE_TOO_BIG, "frame_too_large")
             raise LinkViolation(
                 "frame_too_large",
                 f"the peer sent a message over max_frame_bytes ({self.limits.max_frame_bytes})",
@@ -295,7 +304,7 @@ class LinkConnection:
         with contextlib.suppress(LinkClosed):
             await self.send(frame)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -311,6 +320,12 @@ class LinkConnection:
         in :meth:`receive` then gets :class:`LinkClosed` with them. Idempotent."""
         if self._begin_close(code, reason):
             await self._close_socket(code, reason)
+
+    async def wait_closed(self) -> None:
+        """Wait for the tasks this end started (a close handshake after a violation or for
+        silence, a heartbeat being sent) to finish; each is bounded."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _begin_close(self, code: int, reason: str) -> bool:
         """Mark the link closed (False: it already was) and stop the heartbeats."""
