@@ -2,22 +2,29 @@
 console script. Flags win over ``$IOP_NODE_EDGE`` / ``$IOP_NODE_TOKEN_FILE``; a usage error
 exits 2 naming the flag (or variable) and its value; a token file that cannot be used exits 1
 with a message naming the file and never the token; SIGTERM exits 0, with ``READY`` and
-``STOPPING`` sent to systemd's notify socket."""
+``STOPPING`` sent to systemd's notify socket. Against the stub edge: a request served and
+drained on SIGTERM, and exit 2 on a 401 and on another protocol version, both versions named."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from iop_edge import __version__
+from iop_edge.link.protocol import Kind
 from iop_edge.node.options import NodeOptions
 from iop_edge.node.program import OptionsError, parse_options
+from iop_edge.testing.fake_openai import FakeBehavior, FakeOpenAI
 from iop_edge.testing.node_process import iop_node, node_environment, node_process
+from tests.helpers.adapters import chat
+from tests.helpers.edge_stub import EdgeStub, edge_stub, fake_payload
 
 TOKEN = "iopn_s3cr3t-node-token-never-shown"
 CLOSED = "http://127.0.0.1:9"  # nothing listens on the discard port: every dial is refused
@@ -278,3 +285,96 @@ def test_options_errors_carry_their_exit_code(tmp_path):
 def test_an_empty_variable_counts_as_unset(token_file):
     with pytest.raises(OptionsError, match="no edge given"):
         parse_options(["--token-file", str(token_file)], environ={"IOP_NODE_EDGE": ""})
+
+
+# -- against an edge: the real process on a real link ------------------------------------------
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+async def test_a_node_serves_the_edge_and_drains_on_sigterm(tmp_path, token_file, fake):
+    """The whole life as systemd sees it: READY, STATUS once connected, a request served over
+    the link, SIGTERM → GOAWAY{draining}, the request in flight finished, STOPPING, exit 0."""
+    notify = tmp_path / "notify"
+    systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    systemd.bind(str(notify))
+    systemd.setblocking(False)
+    stub = EdgeStub(TOKEN, fake_payload(fake.base_url))
+    try:
+        async with edge_stub(stub):
+            env = {"NOTIFY_SOCKET": str(notify)}
+            args = ("--edge", stub.url, "--token-file", str(token_file))
+            with node_process(*args, env=env) as node:
+                link = await stub.next_link()
+                assert link.hello.pid == node.process.pid
+                connected = await node.wait_for_log("node_connected")
+                assert (connected["node_id"], connected["generation"]) == ("n1", "g1")
+                messages = [await received(systemd) for _ in range(2)]
+                assert messages[0].startswith("READY=1")
+                assert messages[1] == f"STATUS=connected to {stub.url} as node n1 (payload g1)"
+                fake.enqueue(FakeBehavior(hold=True))
+                stream = await link.request(chat("in flight at SIGTERM"), provider="p")
+                await fake.wait_in_flight(1)
+                node.process.send_signal(signal.SIGTERM)
+                goaway = await link.control.get()
+                assert (goaway.kind, goaway.meta) == (Kind.GOAWAY, {"reason": "draining"})
+                fake.release()
+                [reply] = await link.answer(stream)
+                assert reply.kind is Kind.RESP_REPLY
+                assert await node.exited() == 0
+                assert (await received(systemd)).startswith("STOPPING=1")
+            assert TOKEN not in node.output
+    finally:
+        systemd.close()
+
+
+async def test_an_unknown_token_exits_2_saying_so(tmp_path, fake):
+    stub = EdgeStub("iopn_the-edge-knows-another", fake_payload(fake.base_url))
+    wrong = tmp_path / "token"
+    wrong.write_text(TOKEN)
+    async with edge_stub(stub):
+        with node_process("--edge", stub.url, "--token-file", str(wrong), expect_exit=2) as node:
+            assert await node.exited() == 2
+        [refused] = node.events("node_refused")
+        assert "does not know this node's token (HTTP 401)" in refused["message"]
+        assert str(wrong) in refused["message"]
+        assert stub.unauthorized == 1
+        assert TOKEN not in node.output
+
+
+@pytest.mark.parametrize(
+    ("welcome", "refuse", "said"),
+    [
+        (
+            2,
+            None,
+            "the edge speaks link protocol 2; this iop-node speaks 1: upgrade the older of "
+            "iop-edge and iop-node",
+        ),
+        (
+            1,
+            2,
+            "iop-node speaks link protocol 1; this edge speaks 2: upgrade the older of "
+            "iop-edge and iop-node",
+        ),
+    ],
+    ids=["welcome", "refused"],
+)
+async def test_another_protocol_version_exits_2_naming_both(
+    token_file: Path, fake: FakeOpenAI, welcome: int, refuse: int | None, said: str
+) -> None:
+    """The edge's WELCOME names version 2, or the edge (of version 2) refuses the node's
+    HELLO with REFUSED{protocol}."""
+    stub = EdgeStub(
+        TOKEN, fake_payload(fake.base_url), welcome_protocol=welcome, refuse_protocol=refuse
+    )
+    async with edge_stub(stub):
+        args = ("--edge", stub.url, "--token-file", str(token_file))
+        with node_process(*args, expect_exit=2) as node:
+            assert await node.exited() == 2
+    [refused] = node.events("node_refused")
+    assert said in refused["message"]
