@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,18 +111,19 @@ class NodeProcess:
         return await self.exited(timeout)
 
 
-@contextlib.contextmanager
-def node_process(
+@contextlib.asynccontextmanager
+async def node_process(
     *args: str,
     env: Mapping[str, str] | None = None,
     expect_exit: int | None = 0,
     command: tuple[str, ...] | None = None,
-) -> Iterator[NodeProcess]:
+) -> AsyncIterator[NodeProcess]:
     """Run ``iop-node ARGS`` (or ``command ARGS``: ``python -m iop_edge.node``, say) with
     :func:`node_environment`'s ``env``, and yield it at once (a node refused at start exits
     before logging anything). On exit a node still running gets SIGTERM and must exit within
-    :data:`BOUND`; its status must then be ``expect_exit`` (``None``: anything). Afterwards
-    :attr:`NodeProcess.lines` holds its whole log (stderr)."""
+    :data:`BOUND`, the loop running meanwhile (its drain closes its links: an edge served by
+    this loop must answer); its status must then be ``expect_exit`` (``None``: anything).
+    Afterwards :attr:`NodeProcess.lines` holds its whole log (stderr)."""
     process = subprocess.Popen(
         [*(command or (iop_node(),)), *args],
         stderr=subprocess.PIPE,
@@ -145,10 +146,7 @@ def node_process(
     try:
         node = NodeProcess(process, lines, ended)
         yield node
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        status = process.wait(BOUND)
-        reader.join(BOUND)
+        status = await node.terminate()
         if expect_exit is not None:
             assert status == expect_exit, f"iop-node exited {status}:\n{node.output}"
     finally:

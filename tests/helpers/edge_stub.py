@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ from iop_edge.node.options import NodeOptions
 from iop_edge.node.runner import LinkRunner
 from iop_edge.runtime.clock import MonotonicClock
 from iop_edge.runtime.logs import get_logger
+from tests.helpers import FAKE_CLI
 from tests.helpers.adapters import config_text
 
 __all__ = ["EdgeStub", "ServedRunner", "StubLink", "edge_stub", "fake_payload", "served_runner"]
@@ -229,41 +231,48 @@ class EdgeStub:
 
 
 @contextlib.asynccontextmanager
-async def edge_stub(stub: EdgeStub) -> AsyncIterator[EdgeStub]:
-    """Serve ``stub`` on ``127.0.0.1`` (port 0); its :attr:`EdgeStub.url` is set."""
+async def edge_stub(stub: EdgeStub, tls: ssl.SSLContext | None = None) -> AsyncIterator[EdgeStub]:
+    """Serve ``stub`` on ``127.0.0.1`` (port 0), over TLS with ``tls``; its
+    :attr:`EdgeStub.url` is set (``https://`` with TLS)."""
     app = web.Application()
     app.router.add_get("/link", stub.handle)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
     await site.start()
     host, port = runner.addresses[0][:2]
-    stub.url = f"http://{host}:{port}"
+    stub.url = f"{'https' if tls else 'http'}://{host}:{port}"
     try:
         yield stub
     finally:
         await runner.cleanup()
 
 
-def fake_payload(base_url: str, *, dead_url: str = "http://127.0.0.1:9") -> NodeConfigPayload:
+def fake_payload(
+    base_url: str, *, dead_url: str = "http://127.0.0.1:9", cli_args: list[str] | None = None
+) -> NodeConfigPayload:
     """Node ``n1``'s payload: provider ``p`` on the fake upstream at ``base_url`` (health
-    checked on ``/models``), provider ``dead`` on an address nobody listens on, and a model
-    route's adapter ``api`` on the fake."""
-    config = load_config(
-        config_text(
-            [{"name": "api", "type": "openai_compat", "base_url": base_url}],
-            [
-                {
-                    "id": "p",
-                    "type": "openai_compat",
-                    "adapter": "api",
-                    "health_check": {"path": "/models"},
-                },
-                {"id": "dead", "type": "openai_compat", "adapter": "api", "base_url": dead_url},
-            ],
+    checked on ``/models``), provider ``dead`` on an address nobody listens on, the adapter
+    ``api`` on the fake for model routes; with ``cli_args``, provider ``agent`` running the
+    fake agent CLI with them."""
+    adapters: list[dict[str, Any]] = [
+        {"name": "api", "type": "openai_compat", "base_url": base_url}
+    ]
+    providers: list[dict[str, Any]] = [
+        {"id": "p", "type": "openai_compat", "adapter": "api", "health_check": {"path": "/models"}},
+        {"id": "dead", "type": "openai_compat", "adapter": "api", "base_url": dead_url},
+    ]
+    if cli_args is not None:
+        adapters.append(
+            {
+                "name": "shell",
+                "type": "cli",
+                "command": FAKE_CLI[0],
+                "args": [*FAKE_CLI[1:], *cli_args],
+            }
         )
-    )
-    return node_payload(config, "n1")
+        providers.append({"id": "agent", "type": "cli", "adapter": "shell"})
+    return node_payload(load_config(config_text(adapters, providers)), "n1")
 
 
 @dataclass

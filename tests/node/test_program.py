@@ -10,17 +10,19 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import trustme
 
 from iop_edge import __version__
 from iop_edge.link.protocol import Kind
 from iop_edge.node.options import NodeOptions
-from iop_edge.node.program import OptionsError, parse_options
+from iop_edge.node.program import OptionsError, main, parse_options
 from iop_edge.testing.fake_openai import FakeBehavior, FakeOpenAI
 from iop_edge.testing.node_process import iop_node, node_environment, node_process
 from tests.helpers.adapters import chat
@@ -65,7 +67,7 @@ async def test_the_flags_win_over_the_environment(tmp_path, token_file):
     """``--edge`` over ``$IOP_NODE_EDGE``; ``--token-file`` over ``$IOP_NODE_TOKEN_FILE`` (the
     variable's file does not exist: a node that read it would exit 1)."""
     env = {"IOP_NODE_EDGE": "http://127.0.0.1:7", "IOP_NODE_TOKEN_FILE": str(tmp_path / "gone")}
-    with node_process("--edge", CLOSED, "--token-file", str(token_file), env=env) as node:
+    async with node_process("--edge", CLOSED, "--token-file", str(token_file), env=env) as node:
         started = await node.wait_for_log("node_starting")
         assert started["edge"] == CLOSED
         assert await node.terminate() == 0
@@ -74,7 +76,7 @@ async def test_the_flags_win_over_the_environment(tmp_path, token_file):
 
 async def test_the_environment_alone_is_enough(token_file):
     env = {"IOP_NODE_EDGE": CLOSED, "IOP_NODE_TOKEN_FILE": str(token_file)}
-    with node_process(env=env) as node:
+    async with node_process(env=env) as node:
         started = await node.wait_for_log("node_starting")
         assert (started["edge"], started["drain_timeout"]) == (CLOSED, 30.0)
         assert await node.terminate() == 0
@@ -224,7 +226,7 @@ async def test_sigterm_exits_0_after_ready_and_stopping_reach_systemd(tmp_path, 
     systemd.setblocking(False)
     try:
         env = {"NOTIFY_SOCKET": str(notify)}
-        with node_process("--edge", CLOSED, "--token-file", str(token_file), env=env) as node:
+        async with node_process("--edge", CLOSED, "--token-file", str(token_file), env=env) as node:
             await node.wait_for_log("node_starting")
             ready = await received(systemd)
             assert ready.split("\n")[0] == "READY=1"
@@ -247,7 +249,9 @@ async def received(systemd: socket.socket) -> str:
 
 async def test_python_m_iop_edge_node_is_the_same_program(token_file):
     command = (sys.executable, "-m", "iop_edge.node")
-    with node_process("--edge", CLOSED, "--token-file", str(token_file), command=command) as node:
+    async with node_process(
+        "--edge", CLOSED, "--token-file", str(token_file), command=command
+    ) as node:
         await node.wait_for_log("node_starting")
         assert await node.terminate() == 0
 
@@ -308,7 +312,7 @@ async def test_a_node_serves_the_edge_and_drains_on_sigterm(tmp_path, token_file
         async with edge_stub(stub):
             env = {"NOTIFY_SOCKET": str(notify)}
             args = ("--edge", stub.url, "--token-file", str(token_file))
-            with node_process(*args, env=env) as node:
+            async with node_process(*args, env=env) as node:
                 link = await stub.next_link()
                 assert link.hello.pid == node.process.pid
                 connected = await node.wait_for_log("node_connected")
@@ -337,7 +341,9 @@ async def test_an_unknown_token_exits_2_saying_so(tmp_path, fake):
     wrong = tmp_path / "token"
     wrong.write_text(TOKEN)
     async with edge_stub(stub):
-        with node_process("--edge", stub.url, "--token-file", str(wrong), expect_exit=2) as node:
+        async with node_process(
+            "--edge", stub.url, "--token-file", str(wrong), expect_exit=2
+        ) as node:
             assert await node.exited() == 2
         [refused] = node.events("node_refused")
         assert "does not know this node's token (HTTP 401)" in refused["message"]
@@ -374,7 +380,47 @@ async def test_another_protocol_version_exits_2_naming_both(
     )
     async with edge_stub(stub):
         args = ("--edge", stub.url, "--token-file", str(token_file))
-        with node_process(*args, expect_exit=2) as node:
+        async with node_process(*args, expect_exit=2) as node:
             assert await node.exited() == 2
     [refused] = node.events("node_refused")
     assert said in refused["message"]
+
+
+async def test_over_tls_the_node_trusts_its_ca_file_and_retries_without_it(tmp_path, fake):
+    """An edge whose certificate a private CA issued (trustme): without --ca-file the node
+    logs the verification failure and keeps trying (it is not permanent); with it, it
+    connects."""
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    stub = EdgeStub(TOKEN, fake_payload(fake.base_url))
+    async with edge_stub(stub, tls=server):
+        assert stub.url.startswith("https://127.0.0.1:")
+        args = ("--edge", stub.url, "--token-file", str(token_file))
+        async with node_process(*args) as untrusting:
+            failed = await untrusting.wait_for_log("node_link_failed")
+            assert "TLS verification of the edge failed" in failed["error"]
+            assert "certificate verify failed" in failed["error"]
+            await untrusting.wait_for_log("node_link_failed", after=1)  # (it tries again)
+            assert await untrusting.terminate() == 0
+        assert stub.hellos == []
+        async with node_process(*args, "--ca-file", str(ca_file)) as trusting:
+            link = await stub.next_link()
+            assert link.hello.pid == trusting.process.pid
+            await trusting.wait_for_log("node_connected")
+
+
+def test_main_returns_the_exit_code_of_an_options_error(tmp_path, capsys, monkeypatch):
+    """In-process (what the subprocesses above run): the error on stderr, its exit code back."""
+    monkeypatch.delenv("IOP_NODE_EDGE", raising=False)
+    monkeypatch.delenv("IOP_NODE_TOKEN_FILE", raising=False)
+    assert main(["--token-file", str(tmp_path / "token")]) == 2
+    assert capsys.readouterr().err == (
+        "iop-node: no edge given: pass --edge URL or set $IOP_NODE_EDGE\n"
+    )
+    assert main(["--edge", CLOSED, "--token-file", str(tmp_path / "token")]) == 1
+    assert "cannot be read: No such file or directory" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from iop_edge.link.protocol import Kind
 from iop_edge.node.runner import CANCELLED_MESSAGE
 from iop_edge.runtime.clock import MonotonicClock
 from iop_edge.testing.fake_openai import FakeBehavior, FakeOpenAI
-from tests.helpers.adapters import chat, collect, reply_json
+from tests.helpers.adapters import chat, collect, read_pid_fifo, reply_json, running
 from tests.helpers.edge_stub import EdgeStub, ServedRunner, edge_stub, fake_payload, served_runner
 
 TOKEN = "iopn_runner-test-token"
@@ -171,6 +172,26 @@ async def test_a_cancel_reaches_the_upstream_before_the_terminal_frame(node, fak
         await fake.wait_until(lambda: fake.cancelled == 1)
     assert fake.statistics().in_flight == 0
     assert node.runner.in_flight == 0
+
+
+async def test_a_cancel_kills_a_cli_agents_group_before_the_node_answers(fake, tmp_path):
+    """A cli provider: the CANCEL kills the agent's whole process group, and the node's
+    ``cancelled`` answer comes only once the group is gone (the edge releases the slot then)."""
+    fifo = tmp_path / "child.pid"
+    os.mkfifo(fifo)
+    payload = fake_payload(
+        fake.base_url, cli_args=["--spawn-child", "--pid-file", str(fifo), "--hang"]
+    )
+    stub = EdgeStub(TOKEN, payload)
+    async with edge_stub(stub), served_runner(stub, TOKEN) as node:
+        stream = await node.edge.request(chat("think hard", stream=True), provider="agent")
+        child = await read_pid_fifo(fifo)
+        assert running(child)
+        await node.edge.cancel(stream)
+        [terminal] = await node.edge.answer(stream)
+        assert terminal.meta["type"] == "cancelled"
+        assert not running(child)  # (already: the answer waited for the group's end)
+        assert node.edge.violations == []
 
 
 async def test_a_cancel_of_a_held_plain_call(node, fake):
