@@ -6,6 +6,12 @@
 # container its listeners must listen on 0.0.0.0 to be reachable through -p (docs/operations.md,
 # "Running in a container"). `docker kill -s HUP iop-edge` refreshes it; `docker stop` drains;
 # `docker exec iop-edge iop-edge restart` hands over to a new server without a gap.
+# The same image runs a remote node (iop-node dials the edge and listens on nothing, so it has
+# no health URL; the token file must be readable by uid 10001):
+#   docker run -d --name iop-node --entrypoint iop-node --no-healthcheck \
+#     -e IOP_NODE_EDGE=https://edge.example:7600 \
+#     -v /etc/iop-node/token:/run/secrets/iop-node-token:ro iop-edge \
+#     --token-file /run/secrets/iop-node-token --drain-timeout 30
 
 # --- build: the production venv, as `make install` makes it (runtime dependencies only, at
 # the versions of requirements.lock) -----------------------------------------------------------
@@ -34,8 +40,8 @@ ENV PATH=/opt/iop-edge/bin:$PATH \
     RUNTIME_DIRECTORY=/run/iop-edge
 USER 10001:10001
 # openai.listen and metrics.listen of a container config (the console stays on loopback:
-# `docker exec` reaches it).
-EXPOSE 8080 9464
+# `docker exec` reaches it), and listen.address, the node listener remote nodes dial.
+EXPOSE 8080 9464 7600
 # `iop-edge serve` is PID 1 itself (exec form, no shell): the thin parent of the server
 # (docs/operations.md, "The thin parent"). It handles SIGTERM (the server drains) and SIGHUP
 # (a refresh) from its first instant and passes them on, reaps every orphan, stays across

@@ -101,7 +101,7 @@ def test_the_dockerfile_runs_the_daemon_unprivileged_from_a_slim_base_without_a_
     assert command[command.index("--config") + 1] == "/etc/iop-edge/edge.yaml"
     assert one(stage, "STOPSIGNAL") == "SIGTERM"
     exposed = one(stage, "EXPOSE").split()
-    assert exposed == ["8080", "9464"]
+    assert exposed == ["8080", "9464", "7600"]  # openai, metrics, the node listener
     env = one(stage, "ENV")
     assert "IOP_EDGE_CONFIG=/etc/iop-edge/edge.yaml" in env.split()
     assert "PATH=/opt/iop-edge/bin:$PATH" in env.split()

@@ -5,6 +5,8 @@ Held two ways: importing the whole runtime loads none of the edge-only modules (
 interpreter, so nothing the suite imported earlier hides it), and a small program made only of
 runtime parts — a lifecycle, a listener with its cap and timeouts, sd_notify to a real Unix
 datagram socket — serves a request, says READY and STOPPING to its supervisor, and drains.
+That second program exists: ``iop-node`` (:mod:`iop_edge.node`) loads the runtime and the
+adapters and nothing of the edge's admission, HTTP surfaces, handover or command line.
 """
 
 from __future__ import annotations
@@ -102,3 +104,41 @@ async def test_a_second_program_runs_on_the_runtime_alone(tmp_path: Path) -> Non
         notifier.close()
         systemd.close()
     assert lifecycle.phase is Phase.STOPPING
+
+
+NODE = sorted(
+    f"iop_edge.node.{path.stem}"
+    for path in (PACKAGE_DIR / "node").glob("*.py")
+    if path.stem not in ("__init__", "__main__")
+)
+NOT_IN_THE_NODE = (
+    "iop_edge.api",
+    "iop_edge.admission",
+    "iop_edge.pool",
+    "iop_edge.handover",
+    "iop_edge.daemon",
+    "iop_edge.cli",
+    "iop_edge.supervisor",
+    "iop_edge.config_source",
+    "iop_edge.metrics",
+    "iop_edge.collectors",
+)
+
+
+def test_the_node_program_loads_nothing_of_the_edge_but_the_adapters():
+    """``iop-node`` (design §3): every module of :mod:`iop_edge.node` imported in a fresh
+    interpreter loads the runtime and the adapters, and no admission, pool, HTTP surface,
+    handover, daemon or command line module — ``iop_edge.cli`` least of all: importing it makes
+    a process the thin parent of an ``iop-edge serve``."""
+    assert {"iop_edge.node.program", "iop_edge.node.generations"} <= set(NODE), NODE
+    script = (
+        "import importlib, sys\n"
+        f"for name in {NODE!r}: importlib.import_module(name)\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert {*NODE, "iop_edge.adapters.registry", "iop_edge.runtime.systemd"} <= set(loaded)
+    leaked = [m for m in loaded if any(m == e or m.startswith(f"{e}.") for e in NOT_IN_THE_NODE)]
+    assert not leaked, f"importing iop_edge.node loads edge-only modules: {leaked}"
