@@ -17,6 +17,7 @@ import yaml
 
 from iop_edge.cli import format_status, main
 from iop_edge.config import dump_config, load_config, parse_config
+from iop_edge.config.payload import NodeConfigPayload, node_payload
 from iop_edge.config.refresh import config_hash
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,6 +191,30 @@ def test_payload_prints_one_node_as_json():
     assert "'gpu-9' is not a node id; known nodes: local" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "config", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml"))
+)
+def test_config_payload_loads_back_for_every_node_of_every_shipped_config(config):
+    """``config payload`` prints a payload that loads back: with ``--show-secrets`` equal to
+    the node's payload, redacted with only its ``<redacted>`` values differing (a node
+    without an alias once printed no ``alias`` and did not load)."""
+    effective = load_config((ROOT / config).read_text(), env={})
+    for node in effective.nodes:
+        expected = node_payload(effective, node.id)
+        command = ("config", "payload", "--node", node.id, "--config", str(ROOT / config))
+        clear = run(*command, "--show-secrets")
+        assert clear.returncode == 0, clear.stderr
+        assert NodeConfigPayload.model_validate(json.loads(clear.stdout)) == expected
+        shown = run(*command)
+        assert shown.returncode == 0, shown.stderr
+        printed = leaves(
+            NodeConfigPayload.model_validate(json.loads(shown.stdout)).model_dump(mode="json")
+        )
+        original = leaves(expected.model_dump(mode="json"))
+        assert printed.keys() == original.keys()
+        assert {printed[p] for p in original if printed[p] != original[p]} <= {"<redacted>"}
+
+
 def test_token_new_prints_a_token_once_and_an_entry_holding_only_its_hash(tmp_path):
     result = run(
         "token",
@@ -242,6 +267,71 @@ def test_token_new_rejects_bad_names_in_the_path_message_form_of_config_validate
     config = tmp_path / "edge.yaml"
     config.write_text(yaml.safe_dump(doc))
     assert run("config", "validate", str(config)).stderr.splitlines() == expected
+
+
+def test_token_node_prints_a_node_token_once_and_the_hash_line_for_the_node(tmp_path):
+    """``token node``: the token once (``iopn_``), then the line to set under ``nodes[ID]``
+    with its SHA-256 and what to do next; nothing written anywhere but stdout."""
+    quiet = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    result = subprocess.run(
+        [sys.executable, "-m", "iop_edge.cli", "token", "node", "--node", "gpu-2"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **quiet},
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    first, comment, setting = result.stdout.splitlines()
+    token = first.rsplit(" ", 1)[1]
+    assert first == (
+        "node token (shown only now; put it in the node's token file, mode 0600, and keep no "
+        f"other copy): {token}"
+    )
+    assert re.fullmatch(r"iopn_[A-Za-z0-9_-]{43}", token)
+    assert comment == "# set under nodes[gpu-2] in edge.yaml, then iop-edge restart:"
+    assert setting == f"token_hash_sha256: {hashlib.sha256(token.encode()).hexdigest()}"
+    assert result.stdout.count(token) == 1
+    assert token not in result.stderr
+    assert "restart-class" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no file, no home directory, nothing kept
+    # the line is ready to paste: the node becomes remote, and the config loads
+    doc = yaml.safe_load(Path(SHIPPED).read_text())
+    doc["nodes"][0].update(yaml.safe_load(setting))
+    assert load_config(yaml.safe_dump(doc)).nodes[0].remote
+    again = run("token", "node", "--node", "gpu-2")
+    assert token not in again.stdout  # a new token every time
+
+
+def test_token_node_json_is_the_token_and_the_nodes_entry():
+    result = run("token", "node", "--node", "gpu-2", "--json")
+    assert (result.returncode, result.stderr) == (0, "")
+    out = json.loads(result.stdout)
+    assert out == {
+        "token": out["token"],
+        "node": {
+            "id": "gpu-2",
+            "token_hash_sha256": hashlib.sha256(out["token"].encode()).hexdigest(),
+        },
+    }
+    assert out["token"].startswith("iopn_")
+    assert result.stdout.count(out["token"]) == 1
+
+
+@pytest.mark.parametrize("node_id", ["has space", "_gpu", "gpu/2", ""])
+def test_token_node_refuses_a_bad_id_as_config_validate_would(tmp_path, node_id):
+    """A bad id exits 2 with the line ``config validate`` prints for a node with that id, and
+    prints no token."""
+    result = run("token", "node", "--node", node_id)
+    assert (result.returncode, result.stdout) == (2, "")
+    doc = yaml.safe_load(Path(SHIPPED).read_text())
+    doc["nodes"][0]["id"] = node_id
+    config = tmp_path / "edge.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    validated = run("config", "validate", str(config)).stderr.splitlines()
+    assert result.stderr.splitlines() == [line for line in validated if ".id:" in line]
+    assert "is not a valid identifier" in result.stderr
 
 
 @pytest.mark.parametrize("command", ["validate", "show"])

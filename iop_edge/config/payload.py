@@ -1,15 +1,17 @@
 """``NodeConfigPayload``: what one node needs to run its adapters, derived from the edge config.
 
-Every node runs in-process today; the adapters are built from this payload alone, so that a
-remote node agent can later receive the same payload over the wire without changing the mapper.
-A payload carries only its own node's adapters and providers — never principal token hashes,
-another node's data, or the edge's queue policy.
+A node's adapters are built from this payload alone: in the edge process for a local node, in
+``iop-node`` for a remote one, which receives it over its link as :func:`payload_json` (and
+knows it by its :func:`payload_generation`). A payload carries only its own node's adapters
+and providers — never principal token hashes, another node's data, or the edge's queue policy.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import hashlib
+from typing import Final, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict
 
 from iop_edge.config.schema import (
@@ -46,7 +48,7 @@ class ProviderPayload(_Payload):
     id: str
     type: AdapterType
     category: Literal["api", "cli", "local_inference"]
-    adapter: str | None
+    adapter: str | None = None
     models: tuple[str, ...]
     enabled: bool
     execution: ExecutionFields
@@ -58,7 +60,7 @@ class NodeConfigPayload(_Payload):
 
     edge_id: str
     node_id: str
-    alias: str | None
+    alias: str | None = None
     agent_kind: str
     runtime: NodeRuntime
     adapters: tuple[AdapterPayload, ...]
@@ -118,3 +120,23 @@ def node_payload(config: EdgeConfig, node_id: str) -> NodeConfigPayload:
         ),
         providers=tuple(provider_payload(node, p) for p in node.providers),
     )
+
+
+#: The hex digits of a payload's SHA-256 that make its generation.
+GENERATION_HEX_DIGITS: Final = 16
+
+
+def payload_json(payload: NodeConfigPayload) -> bytes:
+    """The wire form of a payload: every field (``None`` included, nothing redacted), as
+    canonical JSON (sorted keys, no whitespace), so equal payloads give equal bytes.
+
+    :meth:`NodeConfigPayload.model_validate_json` loads it back to an equal payload. It
+    holds the node's credentials in clear: it goes only to that node, never to a log.
+    """
+    return orjson.dumps(payload.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+
+
+def payload_generation(payload: NodeConfigPayload) -> str:
+    """The identity of a payload's content: the first 16 hex digits of the SHA-256 of its
+    :func:`payload_json`. Equal payloads share a generation; any change moves it."""
+    return hashlib.sha256(payload_json(payload)).hexdigest()[:GENERATION_HEX_DIGITS]

@@ -60,6 +60,10 @@ DEFAULT_RESPONSES_TTL_MS: Final = 3_600_000
 MAX_RESPONSES_ITEMS: Final = 1_000_000
 #: 30 days, as long as OpenAI keeps a stored response; the store forgets on a restart anyway.
 MAX_RESPONSES_TTL_MS: Final = 30 * 24 * 3_600_000
+# Remote nodes: the heartbeat of a node link (docs/configuration.md, "Remote nodes").
+DEFAULT_HEARTBEAT_MS: Final = 2_000
+MIN_HEARTBEAT_MS: Final = 100
+MAX_HEARTBEAT_MS: Final = 60_000
 # Health and failover (SPEC §5.1; docs/admission.md, "Health and failover").
 DEFAULT_MAX_ATTEMPTS: Final = 2
 DEFAULT_FAILURE_THRESHOLD: Final = 3
@@ -120,6 +124,17 @@ def _at_most(limit: int, why: str) -> AfterValidator:
     def check(value: int) -> int:
         if value > limit:
             raise ValueError(f"{value} is above {limit}; {{field}} must be <= {limit} ({why})")
+        return value
+
+    return AfterValidator(check)
+
+
+def _at_least(limit: int, why: str) -> AfterValidator:
+    """A validator refusing values below ``limit``, saying ``why`` the limit is there."""
+
+    def check(value: int) -> int:
+        if value < limit:
+            raise ValueError(f"{value} is below {limit}; {{field}} must be >= {limit} ({why})")
         return value
 
     return AfterValidator(check)
@@ -228,16 +243,38 @@ class EdgeIdentity(_Section):
     id: Ref = "edge"
 
 
+class ListenTls(_Section):
+    """``listen.tls``: the certificate chain and private key (PEM files) the node listener
+    serves TLS with; the shell reads them at start (this module reads no file)."""
+
+    cert_file: NonEmpty
+    key_file: NonEmpty
+
+
 class ListenSection(_Section):
-    """``listen``: the node-facing listener, reserved for remote node agents."""
+    """``listen``: the node-facing listener, where remote node agents (``iop-node``) connect.
+
+    It opens when :attr:`EdgeConfig.node_listener_enabled`; off loopback it needs ``tls``
+    (checked in :mod:`iop_edge.config.validate`): a node sends its token and receives
+    provider credentials over it.
+    """
 
     address: Address = "127.0.0.1:7600"
+    tls: ListenTls | None = None
 
 
 class BootstrapSection(_Section):
-    """``bootstrap``: remote-node bootstrap, reserved. The edge derives node config itself."""
+    """``bootstrap``: how remote nodes join. ``enabled``: ``None`` (the default) opens the node
+    listener when any node is remote, ``true`` always, ``false`` never (then no node may be
+    remote). ``heartbeat_ms``: how often each side of a node link pings; a link silent for
+    three heartbeats is dead. The edge derives each node's config itself (its payload)."""
 
-    enabled: StrictBool = False
+    enabled: StrictBool | None = None
+    heartbeat_ms: Annotated[
+        Positive,
+        _at_least(MIN_HEARTBEAT_MS, "faster pings cost traffic and CPU on both sides"),
+        _at_most(MAX_HEARTBEAT_MS, "a silent link is declared dead after three of them"),
+    ] = DEFAULT_HEARTBEAT_MS
 
 
 class LoggingSection(_Section):
@@ -649,7 +686,12 @@ class NodeRuntime(_Section):
 
 
 class Node(_Section):
-    """A ``nodes[]`` entry: the adapters and providers of one machine."""
+    """A ``nodes[]`` entry: the adapters and providers of one machine.
+
+    With ``token_hash_sha256`` (the SHA-256 of a node token, ``iop-edge token node``) the node
+    is :attr:`remote`: its agent dials the edge's node listener and runs the adapters there;
+    without, they run in the edge process.
+    """
 
     id: Ref
     alias: NonEmpty | None = None
@@ -658,6 +700,11 @@ class Node(_Section):
     runtime: NodeRuntime = NodeRuntime()
     adapters: tuple[Adapter, ...] = ()
     providers: tuple[Provider, ...] = ()
+
+    @property
+    def remote(self) -> bool:
+        """Whether the node's adapters run in a remote agent (``iop-node``), not in the edge."""
+        return self.token_hash_sha256 is not None
 
 
 # --- the root -------------------------------------------------------------------------------
@@ -684,6 +731,18 @@ class EdgeConfig(_Section):
 
     # Not a field: equality, hash, dumps and the config hash never see it (provenance.py).
     _provenance: Provenance = PrivateAttr(default=NO_PROVENANCE)
+
+    @property
+    def remote_nodes(self) -> tuple[Node, ...]:
+        """The nodes whose agents dial in (:attr:`Node.remote`), in config order."""
+        return tuple(node for node in self.nodes if node.remote)
+
+    @property
+    def node_listener_enabled(self) -> bool:
+        """Whether the node listener (``listen.address``) opens: ``bootstrap.enabled`` when
+        set, else whether any node is remote."""
+        enabled = self.bootstrap.enabled
+        return bool(self.remote_nodes) if enabled is None else enabled
 
     @property
     def provenance(self) -> Provenance:

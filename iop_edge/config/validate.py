@@ -63,7 +63,7 @@ class _Checker:
     # -- sections ----------------------------------------------------------------------------
 
     def reserved_sections(self) -> None:
-        for name in ("bootstrap", "control_plane", "a2a"):
+        for name in ("control_plane", "a2a"):
             if getattr(self.config, name).enabled:
                 self.problem(
                     f"{name}.enabled",
@@ -83,6 +83,60 @@ class _Checker:
                 "is not set; the admin API changes the running config, so off loopback it "
                 "needs an admin token (set console.admin_token_sha256 to the hash printed by "
                 "`iop-edge token admin`) or a loopback address such as 127.0.0.1:7601",
+            )
+
+    def node_listener(self) -> None:
+        """The node listener carries node tokens in and provider credentials out: off loopback
+        it needs TLS, the same way the console needs a token."""
+        config = self.config
+        listen = config.listen
+        if config.node_listener_enabled and listen.tls is None and not is_loopback(listen.address):
+            why = (
+                "bootstrap.enabled is true"
+                if config.bootstrap.enabled
+                else f"nodes[{config.remote_nodes[0].id}] is remote"
+            )
+            self.problem(
+                "listen.address",
+                f"{listen.address!r} is not a loopback address and listen.tls is not set, but "
+                f"the node listener opens there ({why}); nodes send their token and receive "
+                "provider credentials over it, so off loopback it needs TLS (set "
+                "listen.tls.cert_file and listen.tls.key_file) or a loopback address such as "
+                "127.0.0.1:7600",
+            )
+
+    def node_tokens(self) -> None:
+        """A remote node needs the node listener, and a token of its own: one secret, one role
+        (never another node's, a principal's or the admin's)."""
+        config = self.config
+        principals = {t.token_hash_sha256: t.token_ref for t in config.openai.principal_tokens}
+        seen: dict[str, str] = {}
+        for node in config.nodes:
+            digest = node.token_hash_sha256
+            if digest is None:
+                continue  # a local node: no token
+            path = f"nodes[{node.id}].token_hash_sha256"
+            if config.bootstrap.enabled is False:
+                self.problem(
+                    path,
+                    "is set, so the node is remote, but bootstrap.enabled is false, so the node "
+                    "listener never opens and its agent cannot connect; remove "
+                    "bootstrap.enabled (or set it true), or remove token_hash_sha256 to run the "
+                    "node's adapters in the edge process",
+                )
+            if digest in seen:
+                other = f"nodes[{seen[digest]}].token_hash_sha256"
+            elif digest in principals:
+                other = f"openai.principal_tokens[{principals[digest]}].token_hash_sha256"
+            elif digest == config.console.admin_token_sha256:
+                other = "console.admin_token_sha256"
+            else:
+                seen[digest] = node.id
+                continue
+            self.problem(
+                path,
+                f"the same hash as {other}; a token has one role, so each remote node needs "
+                f"a token of its own (make one with `iop-edge token node --node {node.id}`)",
             )
 
     def openai(self) -> None:
@@ -497,6 +551,28 @@ class _Checker:
         return tuple(routes)
 
 
+def config_warnings(config: EdgeConfig) -> tuple[ConfigProblem, ...]:
+    """What in a valid config is set but has no effect, each at its path, for the daemon to
+    log at start (a warning, not an error: the config runs as it is).
+
+    Today one: ``listen.tls`` while the node listener does not open.
+    """
+    if config.listen.tls is not None and not config.node_listener_enabled:
+        why = (
+            "bootstrap.enabled is false"
+            if config.bootstrap.enabled is False
+            else "no node is remote (none sets token_hash_sha256) and bootstrap.enabled is not true"
+        )
+        return (
+            ConfigProblem(
+                "listen.tls",
+                f"is set but the node listener does not open: {why}; the certificate and "
+                "key are not used",
+            ),
+        )
+    return ()
+
+
 def validate_config(config: EdgeConfig) -> EdgeConfig:
     """Check every cross-field and cross-entity rule; return the effective config.
 
@@ -505,6 +581,8 @@ def validate_config(config: EdgeConfig) -> EdgeConfig:
     checker = _Checker(config)
     checker.reserved_sections()
     checker.console()
+    checker.node_listener()
+    checker.node_tokens()
     checker.openai()
     nodes = checker.nodes()
     models = checker.models()

@@ -321,7 +321,12 @@ def _bad_edits() -> list[tuple[str, Callable[[dict[str, Any], str], str]]]:
         ("duplicate provider id", edit(lambda d: provider(d, 1).update(id="oa-1"))),
         ("unknown root key", edit(lambda d: d.update(provider_poll={"max_queue": 4}))),
         ("bad category", edit(lambda d: provider(d).update(category="gpu"))),
-        ("bootstrap enabled", edit(lambda d: d.update(bootstrap={"enabled": True}))),
+        (
+            "node listener off loopback without tls",
+            edit(
+                lambda d: d.update(bootstrap={"enabled": True}, listen={"address": "0.0.0.0:7600"})
+            ),
+        ),
         ("nothing to serve", edit(lambda d: d.update(models=[]))),
     ]
 

@@ -282,6 +282,27 @@ def test_live_paths_apply_without_restart(edit, path, nodes, providers, models):
 RESTART = [
     ("edge identity", set_path("edge", value={"id": "other"}), "edge.id", [], []),
     ("listen", set_path("listen", value={"address": "127.0.0.1:7700"}), "listen.address", [], []),
+    (
+        "listen tls",
+        set_path("listen", value={"tls": {"cert_file": "/etc/c.pem", "key_file": "/etc/k.pem"}}),
+        "listen.tls",
+        [],
+        [],
+    ),
+    (
+        "bootstrap heartbeat",
+        set_path("bootstrap", value={"heartbeat_ms": 500}),
+        "bootstrap.heartbeat_ms",
+        [],
+        [],
+    ),
+    (
+        "bootstrap enabled",
+        set_path("bootstrap", value={"enabled": True}),
+        "bootstrap.enabled",
+        [],
+        [],
+    ),
     ("logging", set_path("logging", value={"level": "debug"}), "logging.level", [], []),
     ("reload watch", set_path("reload", value={"watch": False}), "reload.watch", [], []),
     ("metrics", set_path("metrics", value={"listen": "127.0.0.1:1"}), "metrics.listen", [], []),

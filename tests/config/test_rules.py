@@ -556,6 +556,8 @@ def test_legacy_queue_values_are_ignored_when_provider_pool_is_present():
 
 
 def test_reserved_sections_are_parsed_and_validated():
+    """``control_plane`` and ``a2a`` are reserved (``enabled: true`` is refused); ``listen``
+    and ``bootstrap`` serve remote nodes (tests/config/test_remote_config.py)."""
     doc = base_doc()
     doc.update(
         {
@@ -574,6 +576,12 @@ def test_reserved_sections_are_parsed_and_validated():
     doc = base_doc()
     doc["control_plane"] = {"enabled": True}
     assert "reserved and has no service in this version" in problem_at(doc, "control_plane.enabled")
+    doc = base_doc()
+    doc["a2a"] = {"enabled": True}
+    assert "reserved and has no service in this version" in problem_at(doc, "a2a.enabled")
+    doc = base_doc()
+    doc["bootstrap"] = {"enabled": True}  # no longer reserved: the node listener opens
+    assert load(doc).node_listener_enabled
 
 
 def test_every_validation_error_names_the_path_the_value_and_the_rule_all_at_once():
