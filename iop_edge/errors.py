@@ -8,7 +8,9 @@ Every error the daemon raises on purpose derives from :class:`IopEdgeError`::
     ├── AdmissionError       the scheduler refused or dropped a request (carries a reason code)
     ├── AdapterError         an upstream call failed (upstream_error / upstream_timeout)
     ├── AuthError            a request without a valid principal or provider credential
-    └── RequestError         a client request that is malformed, too large or names no model
+    ├── RequestError         a client request that is malformed, too large or names no model
+    └── (iop_edge.link)      the node link's: LinkViolation (the peer broke the protocol),
+                             ProtocolMismatch (another protocol version), LinkClosed
 
 Third-party exceptions are mapped to these once, at the boundary where they occur, with
 ``raise ... from exc`` so the original stays in the traceback.

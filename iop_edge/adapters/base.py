@@ -12,6 +12,8 @@ Messages in and out, a ``responses`` call OpenAI Responses, relayed by ``openai_
 :meth:`Executor.count_tokens` counts a chat body's input tokens with the upstream's own
 tokenizer where there is one (``openai_compat``: vLLM's or llama.cpp's ``/tokenize``, see
 :mod:`iop_edge.adapters.tokenize`); ``ollama`` and ``cli`` answer ``None``.
+An :class:`ExecutorSet` holds every executor of one node: built in this process from the
+node's payload, or reached over a remote node's link.
 
 Failure contract, the same for every adapter:
 
@@ -61,11 +63,16 @@ from iop_edge.errors import RequestCode, RequestError
 if TYPE_CHECKING:
     from types import TracebackType
 
+    # Type-only: registry imports this module (a runtime import back would be a cycle).
+    from iop_edge.adapters.registry import AdapterStatistics
+    from iop_edge.seams import ProbeResult
+
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
     "NO_NATIVE_APIS",
     "Endpoint",
     "Executor",
+    "ExecutorSet",
     "StreamBounds",
     "UnsupportedRequestError",
     "UpstreamCall",
@@ -270,6 +277,40 @@ class Executor(Protocol):
         tokenizer for the model ``target``, sent with ``headers`` (provider auth) and
         ``request_id`` like a call; ``None`` when this upstream cannot count (the edge then
         estimates). Never raises but for a cancellation; takes no slot."""
+        ...
+
+
+class ExecutorSet(Protocol):
+    """Every executor of one node, whether it runs in this process
+    (:class:`~iop_edge.adapters.registry.AdapterSet`, built from the node's payload) or on a
+    remote node over its link (:class:`iop_edge.link.remote.RemoteNode`): what the edge's
+    :class:`~iop_edge.adapters.registry.NodeAdapters` asks, so that the request path,
+    admission and failover do not know which it is."""
+
+    node_id: str
+
+    def for_provider(self, provider_id: str) -> Executor:
+        """The executor of a provider of this node that has an enabled adapter of its type;
+        :class:`KeyError` (naming the providers there are) otherwise."""
+        ...
+
+    def for_adapter(self, adapter_name: str) -> Executor:
+        """The executor of an enabled adapter instance of this node (for a model route);
+        :class:`KeyError` (naming the enabled adapters) otherwise."""
+        ...
+
+    async def probe(self, provider_id: str) -> ProbeResult:
+        """Run a provider's health check (its ``health_check``): whether it is healthy, and
+        if not, why."""
+        ...
+
+    def statistics(self) -> tuple[AdapterStatistics, ...]:
+        """One snapshot per enabled adapter instance of this node, in configuration order."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release every backend (pooled connections, CLI process groups, a node link);
+        idempotent. Calls still in flight fail with ``upstream_error``."""
         ...
 
 
