@@ -39,7 +39,16 @@ from aiohttp import web
 
 from iop_edge.config.payload import payload_json
 from iop_edge.link.connection import LinkClosed, LinkConnection, server_websocket
-from iop_edge.link.handshake import LinkLimits, ProtocolMismatch, Refused, Welcome, parse_hello
+from iop_edge.link.handshake import (
+    MAX_STREAMS_CEILING,
+    REQUEST_OVERHEAD_BYTES,
+    STREAMS_HEADROOM,
+    LinkLimits,
+    ProtocolMismatch,
+    Refused,
+    Welcome,
+    parse_hello,
+)
 from iop_edge.link.protocol import (
     CLOSE_DEAD,
     CLOSE_GOING_AWAY,
@@ -60,13 +69,14 @@ from iop_edge.runtime.logs import Logger, get_logger
 from iop_edge.tokens import token_hash
 
 if TYPE_CHECKING:
-    from iop_edge.config.schema import ListenTls
+    from iop_edge.config.schema import EdgeConfig, ListenTls
     from iop_edge.seams import Clock
 
 __all__ = [
     "CONNECT_WINDOW_SECONDS",
     "MAX_CONNECTS",
     "NodeLinkServer",
+    "link_limits",
     "ssl_context",
 ]
 
@@ -75,6 +85,28 @@ MAX_CONNECTS: Final = 5
 CONNECT_WINDOW_SECONDS: Final = 10.0
 
 _BEARER: Final = "bearer "
+_UNBOUNDED_ROUTE: Final = 256  # a model route without a capacity counts this many streams
+
+
+def link_limits(config: EdgeConfig) -> LinkLimits:
+    """The limits of every link of ``config``'s edge: requests up to ``openai.max_body_bytes``
+    (+ the ``REQ``'s framing), and as many streams as the busiest remote node's providers and
+    model routes may run at once (+ probes and token counts), at most
+    :data:`MAX_STREAMS_CEILING`."""
+    busiest = 0
+    for node in config.nodes:
+        if node.token_hash_sha256 is None:
+            continue
+        streams = sum(p.capacity for p in node.providers)
+        adapters = {a.name for a in node.adapters}
+        for route in config.openai.model_routes:
+            if route.adapter in adapters and route.node in (None, node.id):
+                streams += route.capacity or _UNBOUNDED_ROUTE
+        busiest = max(busiest, streams)
+    return LinkLimits(
+        max_request_bytes=config.openai.max_body_bytes + REQUEST_OVERHEAD_BYTES,
+        max_streams=min(MAX_STREAMS_CEILING, busiest + STREAMS_HEADROOM),
+    )
 
 
 def ssl_context(tls: ListenTls) -> ssl.SSLContext:
@@ -133,6 +165,32 @@ class NodeLinkServer:
         self._tasks: set[asyncio.Task[None]] = set()
         #: links refused before a node was known, by reason (401, 429, stopping)
         self.refused: Counter[str] = Counter()
+
+    @classmethod
+    def from_config(
+        cls,
+        config: EdgeConfig,
+        nodes: Mapping[str, RemoteNode],
+        *,
+        edge_version: str,
+        clock: Clock,
+        log: Logger | None = None,
+    ) -> NodeLinkServer:
+        """The server of ``config``'s remote ``nodes`` (their tokens' hashes, the heartbeat,
+        :func:`link_limits`)."""
+        hashes = {
+            n.token_hash_sha256: n.id for n in config.nodes if n.token_hash_sha256 is not None
+        }
+        return cls(
+            nodes,
+            hashes,
+            edge_id=config.edge.id,
+            edge_version=edge_version,
+            heartbeat_ms=config.bootstrap.heartbeat_ms,
+            clock=clock,
+            limits=link_limits(config),
+            log=log,
+        )
 
     def build_app(self) -> web.Application:
         """The listener's application: ``GET /link`` (the upgrade), ``GET /healthz``."""
