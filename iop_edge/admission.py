@@ -11,9 +11,10 @@ Health (SPEC §5.1): a lease carries how its attempt ended (:meth:`Lease.succeed
 :meth:`Lease.failed`) into its release; :meth:`AdmissionScheduler.failover` releases a failed
 attempt and waits for a slot on another provider (when the provider's ``retry_on`` allows).
 Probes the core asks for — of ejected providers, and once :meth:`AdmissionScheduler.start` ran
-of idle ones — run as tasks through the injected ``prober``, their results fed back to the
-core; health events go to the injected ``on_health``. The same one timer serves deadlines,
-health times and idle checks: nothing is armed per request.
+of idle ones (never of a remote provider whose node link is down:
+:meth:`AdmissionScheduler.set_connected`) — run as tasks through the injected ``prober``, their
+results fed back to the core; health events go to the injected ``on_health``. The same one
+timer serves deadlines, health times and idle checks: nothing is armed per request.
 
 Cancellation safety: a cancelled waiter leaves the queue as soon as its task runs (counted as
 ``client_gone``); a slot granted to a waiter that was cancelled in the same tick is released at
@@ -249,6 +250,14 @@ class AdmissionScheduler:
             key, long_context=long_context, principal=principal, now=self._clock.now()
         )
         return None if slot_lease is None else Lease(self, slot_lease)
+
+    def set_connected(self, node_id: str, connected: bool) -> None:
+        """The node link of remote node ``node_id`` came up or went down (the link's only
+        write into admission; see :meth:`PoolScheduler.set_connected`): waiters are dispatched
+        at once on a link that came up; on one that went down, waiting requests stay queued,
+        and those failing over that only its providers could take get ``None`` from
+        :meth:`failover`. No lease is released here: their holders release them as usual."""
+        self._settle(self._core.set_connected(node_id, connected, self._clock.now()))
 
     def hand_over(self) -> None:
         """Another process took over (a handover): every waiting request, and every one

@@ -1,11 +1,15 @@
 """Wiring and lifecycle of ``iop-edge serve``.
 
-Start: build the scheduler, the adapters and the OpenAI surface from the config; bind the
-OpenAI, metrics and console listeners; start the supervisor (file watch, SIGHUP, admin refresh);
-tell systemd ``READY=1``. Stop (SIGTERM/SIGINT), all within ``drain_timeout`` seconds of the
-signal: ``STOPPING=1``, stop accepting, let requests in flight and in the queue finish until the
-cancellation reserve (:func:`cancel_reserve`) before the end, cancel the rest (leases are
-released, upstream calls aborted, CLI process groups killed), close upstream connections, exit 0.
+Start: build the scheduler, the adapters (a remote node's: its
+:class:`~iop_edge.link.remote.RemoteNode`, reached over its link) and the OpenAI surface from
+the config; bind the OpenAI, metrics and console listeners, and the node listener
+(``listen.address``, :class:`~iop_edge.link.edge_server.NodeLinkServer`) when a node is
+remote; start the supervisor (file watch, SIGHUP, admin refresh); tell systemd ``READY=1``.
+Stop (SIGTERM/SIGINT), all within ``drain_timeout`` seconds of the signal: ``STOPPING=1``, stop
+accepting (new node links too: ``GOAWAY{stopping}``), let requests in flight and in the queue
+finish until the cancellation reserve (:func:`cancel_reserve`) before the end, cancel the rest
+(leases are released, upstream calls aborted, CLI process groups killed), close the node links
+and upstream connections, exit 0.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import dataclasses
 import gc
 import signal
 import socket
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +31,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from iop_edge import __version__
 from iop_edge.adapters.cli_process import KILL_GRACE_SECONDS
 from iop_edge.adapters.registry import NodeAdapters
 from iop_edge.admission import AdmissionScheduler, MonotonicClock
@@ -34,6 +40,7 @@ from iop_edge.api.catalog import build_catalog
 from iop_edge.api.guard import RequestGuard
 from iop_edge.api.server import OpenAIServer
 from iop_edge.collectors import ResponsesStoreCollector
+from iop_edge.config.payload import NodeConfigPayload, payload_generation
 from iop_edge.config.policy import pool_policy
 from iop_edge.config.schema import EdgeConfig
 from iop_edge.config.validate import is_loopback
@@ -42,6 +49,8 @@ from iop_edge.errors import RequestError
 from iop_edge.handover.coordinator import HandoverCoordinator
 from iop_edge.handover.relay import HandoverRelay
 from iop_edge.handover.result import HandedOver
+from iop_edge.link.edge_server import NodeLinkServer, ssl_context
+from iop_edge.link.remote import RemoteNode
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.options import ServeOptions
 from iop_edge.pool import HealthEvent, ProviderKey
@@ -106,6 +115,8 @@ class Daemon:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     scheduler: AdmissionScheduler = field(init=False)
     adapters: NodeAdapters = field(init=False)
+    #: the node listener's links, when a node is remote (``config.node_listener_enabled``)
+    node_links: NodeLinkServer | None = field(default=None, init=False)
     server: OpenAIServer = field(init=False)
     metrics: EdgeMetrics = field(init=False)
     #: the reload path; without a config file (``options.config_path``) it holds the config
@@ -119,7 +130,24 @@ class Daemon:
 
     def __post_init__(self) -> None:
         options = self.options
-        self.adapters = NodeAdapters.from_config(self.config, self.clock)
+        remote_nodes: dict[str, RemoteNode] = {}
+
+        def remote(payload: NodeConfigPayload) -> RemoteNode:
+            node = remote_nodes[payload.node_id] = RemoteNode(
+                payload,
+                clock=self.clock,
+                heartbeat_ms=self.config.bootstrap.heartbeat_ms,
+                generation=payload_generation(payload),
+                on_state=self._node_link_state,
+                log=self.log,
+            )
+            return node
+
+        self.adapters = NodeAdapters.from_config(self.config, self.clock, remote=remote)
+        if self.config.node_listener_enabled:
+            self.node_links = NodeLinkServer.from_config(
+                self.config, remote_nodes, edge_version=__version__, clock=self.clock, log=self.log
+            )
         self.scheduler = AdmissionScheduler(
             pool_policy(self.config),
             clock=self.clock,
@@ -138,6 +166,7 @@ class Daemon:
             log=self.log,
             on_handed_over=self._handed_over,
             on_idle=self.stopped.set,
+            on_stop_listening=self._nodes_dial_again,
         )
         supervisor = self.supervisor = Supervisor(
             options.config_path,
@@ -177,6 +206,17 @@ class Daemon:
         catalog = build_catalog(config, created=self.server.load_times)
         self.scheduler.apply_policy(policy)
         self.server.swap_catalog(catalog)
+
+    def _node_link_state(self, node_id: str, connected: bool) -> None:
+        """A remote node's link came up or went down: its providers join or leave the pool
+        (the link's only write into admission)."""
+        self.scheduler.set_connected(node_id, connected)
+
+    def _nodes_dial_again(self) -> None:
+        """This process stopped listening for its successor: the nodes dial the new one
+        (``GOAWAY{handover}``); their links here serve until idle."""
+        if self.node_links is not None:
+            self.node_links.go_away("handover")
 
     def _log_health(self, subject: ProviderKey | str, event: HealthEvent) -> None:
         """One log line per health event (SPEC §5.1): ejections, recoveries, panics."""
@@ -292,6 +332,21 @@ class Daemon:
                 handover=self.handover.statistics,
             )
             await self._bind("console", admin.build_app(), config.console.listen, admin_limits)
+        if self.node_links is not None:
+            # Serving at once, even while taking over: a link takes no lease, and the nodes
+            # must find the new process as soon as the old one tells them to dial.
+            node_limits = dataclasses.replace(
+                admin_limits, max_connections=4 * len(self.node_links.nodes) + 16, evict_idle=False
+            )
+            tls = config.listen.tls
+            await self._bind(
+                "nodes",
+                self.node_links.build_app(),
+                config.listen.address,
+                node_limits,
+                serve=True,
+                ssl_context=None if tls is None else ssl_context(tls),
+            )
         if self.options.handover_fd is not None:
             # Taking over: count the old process's leases before accepting anything.
             await self.handover.take_over(self.options.handover_fd, self.listeners["openai"].url)
@@ -344,7 +399,14 @@ class Daemon:
             )
 
     async def _bind(
-        self, name: str, app: web.Application, address: str, limits: ConnectionLimits
+        self,
+        name: str,
+        app: web.Application,
+        address: str,
+        limits: ConnectionLimits,
+        *,
+        serve: bool | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         sock = self.inherited.pop(name, None)
         self.listeners[name] = listener = await Listener.bind(
@@ -356,7 +418,8 @@ class Daemon:
             log=self.log,
             sock=sock,
             # a successor accepts once it counted old's leases
-            serve=self.options.handover_fd is None,
+            serve=self.options.handover_fd is None if serve is None else serve,
+            ssl_context=ssl_context,
         )
         if sock is not None:
             self.log.info(
@@ -386,6 +449,11 @@ class Daemon:
         openai = self.listeners.pop("openai", None)
         if openai is not None:
             openai.stop_accepting()
+        nodes = self.listeners.get("nodes")
+        if nodes is not None and self.node_links is not None:
+            # No new links; those up carry the remote requests of the drain, then close.
+            nodes.stop_listening()
+            self.node_links.go_away("stopping")
         stats = self.scheduler.statistics()
         self.log.info(
             "draining",
@@ -398,6 +466,8 @@ class Daemon:
                 await self.supervisor.stop()
         if openai is not None:
             await self.handover.drain(openai, cut_at, deadline)
+        if self.node_links is not None:
+            await self.node_links.close()  # (the nodes listener's handlers then end)
         for listener in self.listeners.values():
             listener.stop_accepting()
         for listener in self.listeners.values():

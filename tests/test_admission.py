@@ -14,7 +14,7 @@ import pytest
 
 from iop_edge.admission import AdmissionScheduler, Lease, MonotonicClock
 from iop_edge.errors import AdmissionError
-from iop_edge.pool import PoolPolicy, ProviderPolicy
+from iop_edge.pool import Failure, HealthEvent, PoolPolicy, ProviderPolicy
 from iop_edge.testing.clock import FakeClock
 
 
@@ -410,3 +410,46 @@ async def test_idle_probes_run_through_the_prober_from_start_until_aclose():
     clock.advance(10.0)
     await asyncio.sleep(0)
     assert asked == [("n1", "a")]
+
+
+async def test_set_connected_dispatches_waiters_on_a_link_back_and_releases_no_lease() -> None:
+    """A remote provider (issue 29): requests wait while its node link is down and get its
+    slot as soon as it is up; a link going down refuses the failover that waited only for it
+    (``failover`` returns ``None``) but leaves its lease to the holder, released once."""
+    events: list[tuple[object, HealthEvent]] = []
+    remote = PoolPolicy(
+        max_queue=8,
+        queue_timeout_ms=5000,
+        providers=(
+            ProviderPolicy("n1", "a", 1, 1, 0, True),
+            ProviderPolicy("far", "r", 1, 1, 1, True, remote=True),
+        ),
+        groups={"m": (("n1", "a"), ("far", "r"))},
+    )
+    scheduler = AdmissionScheduler(
+        remote, clock=FakeClock(), on_health=lambda subject, event: events.append((subject, event))
+    )
+    on_a = await scheduler.admit("m")
+    assert on_a.key == ("n1", "a")
+    task = asyncio.create_task(scheduler.admit("m"))
+    await until(waiting(scheduler, 1))  # r is disconnected: the request waits
+    scheduler.set_connected("far", True)
+    await until(task.done)
+    on_r = task.result()
+    assert on_r.key == ("far", "r")
+    assert events == [(("far", "r"), HealthEvent("connected"))]
+
+    retry = asyncio.create_task(scheduler.failover(on_a, Failure("connect", "connection refused")))
+    await until(waiting(scheduler, 1))  # it waits for r, the one provider it has not tried
+    scheduler.set_connected("far", False)
+    await until(retry.done)
+    assert retry.result() is None  # the caller answers with the failed attempt's error
+    assert events[-1] == (("far", "r"), HealthEvent("disconnected"))
+    assert not on_r.released
+    stats = scheduler.statistics()
+    assert (stats.in_flight, stats.released, stats.queue_depth) == (1, 1, 0)
+    assert stats.providers[1].health == "disconnected"
+    on_r.release()
+    on_r.release()
+    stats = scheduler.statistics()
+    assert (stats.in_flight, stats.released, stats.double_releases) == (0, 2, 1)

@@ -1,5 +1,9 @@
 """The executors of the edge: :class:`AdapterSet` (one node's, built from its payload) and
-:class:`NodeAdapters` (every node's, what the request path asks).
+:class:`NodeAdapters` (every node's :class:`~iop_edge.adapters.base.ExecutorSet`, what the
+request path asks): an :class:`AdapterSet` for a local node, what the ``remote`` factory builds
+for a remote one (:class:`iop_edge.link.remote.RemoteNode`, whose adapters run on the node and
+never here). :func:`executable` is the one rule of which providers and adapters get an
+executor, so that a local and a remote node refuse the same ids.
 
 Each enabled adapter instance gets one backend (:class:`HttpBackend` for ``openai_compat`` and
 ``ollama``, :class:`CliTracker` for ``cli``) and one executor with its own execution settings
@@ -16,14 +20,19 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from iop_edge.adapters.base import DEFAULT_REQUEST_TIMEOUT_MS, Backend, Executor
+from iop_edge.adapters.base import DEFAULT_REQUEST_TIMEOUT_MS, Backend, Executor, ExecutorSet
 from iop_edge.adapters.cli import CliExecutor
 from iop_edge.adapters.cli_process import CliTracker, minimal_env
 from iop_edge.adapters.deadlines import Deadlines
 from iop_edge.adapters.ollama import OllamaExecutor
 from iop_edge.adapters.openai_compat import OpenAICompatExecutor
 from iop_edge.adapters.upstream_http import HttpBackend, HttpTarget, probe, static_headers
-from iop_edge.config.payload import NodeConfigPayload, node_payload
+from iop_edge.config.payload import (
+    AdapterPayload,
+    NodeConfigPayload,
+    ProviderPayload,
+    node_payload,
+)
 from iop_edge.seams import Clock, ProbeResult
 
 if TYPE_CHECKING:
@@ -33,7 +42,9 @@ __all__ = [
     "AdapterSet",
     "AdapterStatistics",
     "NodeAdapters",
+    "RemoteFactory",
     "build_executor",
+    "executable",
     "request_timeout_ms",
 ]
 
@@ -100,8 +111,9 @@ class AdapterStatistics:
 
     node_id: str
     adapter: str
-    backend: Literal["http", "cli"]
-    """``http`` (a connection pool: ``openai_compat``, ``ollama``) or ``cli`` (process tracker)."""
+    backend: Literal["http", "cli", "remote"]
+    """``http`` (a connection pool: ``openai_compat``, ``ollama``), ``cli`` (process tracker)
+    or ``remote`` (an adapter of a remote node, as its agent last reported it)."""
     live_process_groups: int
     """CLI process groups started and not yet reaped (always 0 for ``http``)."""
     kills_pending: int
@@ -195,31 +207,42 @@ class AdapterSet:
             await backend.aclose()
 
 
+def executable(
+    payload: NodeConfigPayload,
+) -> tuple[dict[str, ProviderPayload], dict[str, AdapterPayload]]:
+    """The providers and adapter instances of ``payload`` that get an executor, by id and
+    name in configuration order: every enabled adapter, and every provider (enabled or not:
+    ``enabled`` is live) whose adapter is one of them and of the provider's type."""
+    adapters = {a.name: a for a in payload.adapters if a.enabled}
+    # Validation guarantees an enabled provider an enabled adapter of its own type (and a
+    # refresh that enables one re-validates that); a provider without one gets no executor
+    # rather than a wrong one.
+    providers = {
+        p.id: p
+        for p in payload.providers
+        if p.adapter is not None and p.adapter in adapters and adapters[p.adapter].type == p.type
+    }
+    return providers, adapters
+
+
 def _build(payload: NodeConfigPayload, clock: Clock | None) -> AdapterSet:
     """All executors of ``payload``'s node (see :class:`AdapterSet`)."""
+    providers, adapters = executable(payload)
     backends: dict[str, Backend] = {}
-    kinds: dict[str, AdapterType] = {}
     by_adapter: dict[str, Executor] = {}
-    for adapter in payload.adapters:
-        if not adapter.enabled:
-            continue
+    for adapter in adapters.values():
         backend: Backend = (
             CliTracker(adapter.name) if adapter.type == "cli" else HttpBackend(adapter.name)
         )
         backends[adapter.name] = backend
-        kinds[adapter.name] = adapter.type
         by_adapter[adapter.name] = build_executor(
             adapter.type, backend, adapter.execution, f"adapter {adapter.name!r}", clock
         )
     by_provider: dict[str, Executor] = {}
     probes: dict[str, Probe] = {}
-    for provider in payload.providers:
+    for provider in providers.values():
         name = provider.adapter
-        # Validation guarantees an enabled provider an enabled adapter of its own type (and a
-        # refresh that enables one re-validates that); a provider without one gets no executor
-        # rather than a wrong one.
-        if name is None or kinds.get(name) != provider.type:
-            continue
+        assert name is not None  # (executable kept only providers with an adapter)
         label = f"provider {provider.id!r} (adapter {name!r})"
         backend = backends[name]
         by_provider[provider.id] = build_executor(
@@ -234,20 +257,44 @@ def _build(payload: NodeConfigPayload, clock: Clock | None) -> AdapterSet:
     return AdapterSet(payload.node_id, backends, by_provider, by_adapter, probes)
 
 
-class NodeAdapters:
-    """Every node's :class:`AdapterSet`, built from the node payloads at start-up: what the
-    request path asks for the executor of a leased provider or of a model route."""
+RemoteFactory = Callable[[NodeConfigPayload], ExecutorSet]
+"""Builds the executor set of a remote node from its payload (the daemon's:
+a :class:`iop_edge.link.remote.RemoteNode`)."""
 
-    def __init__(self, sets: Mapping[str, AdapterSet]) -> None:
+
+class NodeAdapters:
+    """Every node's :class:`~iop_edge.adapters.base.ExecutorSet`, built from the node payloads
+    at start-up: what the request path asks for the executor of a leased provider or of a
+    model route."""
+
+    def __init__(self, sets: Mapping[str, ExecutorSet]) -> None:
         self._sets = dict(sets)
 
     @classmethod
-    def from_config(cls, config: EdgeConfig, clock: Clock | None = None) -> NodeAdapters:
-        """Build each node's adapters from its :class:`NodeConfigPayload` alone, their
-        deadlines on ``clock`` (the loop's when None)."""
-        return cls(
-            {n.id: AdapterSet.from_payload(node_payload(config, n.id), clock) for n in config.nodes}
-        )
+    def from_config(
+        cls,
+        config: EdgeConfig,
+        clock: Clock | None = None,
+        remote: RemoteFactory | None = None,
+    ) -> NodeAdapters:
+        """Build each node's executors from its :class:`NodeConfigPayload` alone, their
+        deadlines on ``clock`` (the loop's when None): a local node's adapters here, a remote
+        node's (``token_hash_sha256`` set) by ``remote`` — never its adapters, whose ``cli``
+        commands must not run on the edge. :class:`ValueError` when a node is remote and no
+        factory is given."""
+        sets: dict[str, ExecutorSet] = {}
+        for node in config.nodes:
+            payload = node_payload(config, node.id)
+            if node.token_hash_sha256 is None:
+                sets[node.id] = AdapterSet.from_payload(payload, clock)
+            elif remote is None:
+                raise ValueError(
+                    f"nodes[{node.id}] is remote (token_hash_sha256 is set), and no factory of "
+                    "remote nodes was given to build it"
+                )
+            else:
+                sets[node.id] = remote(payload)
+        return cls(sets)
 
     def provider(self, node_id: str, provider_id: str) -> Executor:
         """The executor of a provider (``KeyError`` names what exists when there is none)."""
@@ -267,7 +314,7 @@ class NodeAdapters:
         return self._sets[node_id].for_adapter(adapter)
 
     def statistics(self) -> tuple[AdapterStatistics, ...]:
-        """Every node's :meth:`AdapterSet.statistics`, node by node."""
+        """Every node's executor-set statistics, node by node."""
         return tuple(s for adapter_set in self._sets.values() for s in adapter_set.statistics())
 
     async def aclose(self) -> None:

@@ -153,6 +153,7 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
                 enabled=p.enabled,
                 probe=p.health_check is not False,
                 retry_on=frozenset(p.retry_on),
+                remote=n.token_hash_sha256 is not None,
             )
             for n in config.nodes
             for p in n.providers

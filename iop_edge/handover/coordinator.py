@@ -64,7 +64,9 @@ class HandoverCoordinator:
 
     ``listeners`` is the daemon's (read only); ``lifecycle`` is moved through ``handing_over``
     here; ``on_handed_over(pid)`` is called once the new process serves (the daemon passes its
-    systemd notifications on), ``on_idle()`` when a drained old process may stop.
+    systemd notifications on), ``on_idle()`` when a drained old process may stop,
+    ``on_stop_listening()`` once this process stopped listening for the new one (the daemon
+    tells its node links to dial the new process: ``GOAWAY{handover}``).
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class HandoverCoordinator:
         log: Logger,
         on_handed_over: Callable[[int], None],
         on_idle: Callable[[], None],
+        on_stop_listening: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.scheduler = scheduler
@@ -92,6 +95,7 @@ class HandoverCoordinator:
         self.options = options
         self._on_handed_over = on_handed_over
         self._on_idle = on_idle
+        self._on_stop_listening = on_stop_listening
         #: the process that took over from us, once a handover succeeded
         self.successor_pid: int | None = None
         self._successor: Successor | None = None
@@ -187,6 +191,7 @@ class HandoverCoordinator:
             "openai": (self.config.openai.listen, candidate.openai.listen),
             "metrics": (self.config.metrics.listen, candidate.metrics.listen),
             "console": (self.config.console.listen, candidate.console.listen),
+            "nodes": (self.config.listen.address, candidate.listen.address),
         }
         names = [
             name
@@ -234,7 +239,11 @@ class HandoverCoordinator:
             if name == "openai":
                 listener.stop_listening()  # (what comes on kept-alive connections is relayed)
             else:  # the admin and metrics answer from new: close the idle connections here
+                # (node links run on: their handlers are busy until the edge closes them)
                 listener.stop_accepting()
+        if self._on_stop_listening is not None:
+            # Nodes dial the new process now; their old links serve until idle.
+            self._on_stop_listening()
         successor.hand_over(self.scheduler, self.clock.now() - started)
         # What waits here, and what arrives on kept-alive connections from now on, goes to
         # the new process, keeping its age (its place and deadline there); /readyz says no.

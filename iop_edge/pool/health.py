@@ -30,8 +30,11 @@ States, and what moves between them::
   longer ends its ejection: the ejection (doubled each time) runs to its end, then one
   half-open trial request decides. A request's success restores the trust.
 - ``out`` — ejected or held — providers are not dispatch candidates unless their model group is
-  in panic (every enabled member out); the scheduler decides that, this module only keeps one
-  provider's state.
+  in panic (every enabled, connected member out); the scheduler decides that, this module only
+  keeps one provider's state.
+- **Disconnected** (a remote provider whose node link is down) is not a state of this machine
+  but the scheduler's: it shows as the health ``disconnected``, and the provider's health
+  starts over (:meth:`ProviderHealth.renewed`) when the link goes down and when it is back.
 
 Every method that changes something returns the :class:`HealthEvent` to log (or ``None``).
 """
@@ -65,7 +68,8 @@ Outcome = Failure | Literal["ok"] | None
 
 
 class Health(StrEnum):
-    """A provider's health as the status API shows it (``disabled`` is the scheduler's)."""
+    """A provider's health as the status API shows it (``disabled`` and ``disconnected`` are
+    the scheduler's: :mod:`iop_edge.pool.statistics`)."""
 
     UNKNOWN = "unknown"
     HEALTHY = "healthy"
@@ -87,11 +91,22 @@ class HealthEvent:
     ``reason``; ``probes_trusted``: whether a passing probe ends it early — ``None`` for a
     provider without a health check, ``False`` once its probes pass while its requests fail),
     ``recovered`` (``via`` is ``request``, ``probe`` or ``trial``), ``half_open`` (the ejection
-    ran out: one trial request may go), ``held`` (a 429 holds it out ``until``); for a model,
-    ``panic`` (every member out: health is ignored) and ``panic_over``.
+    ran out: one trial request may go), ``held`` (a 429 holds it out ``until``),
+    ``disconnected`` (a remote provider's node link went down: no candidate until it is back)
+    and ``connected`` (the link is back: its health starts ``unknown``); for a model,
+    ``panic`` (every connected member out: health is ignored) and ``panic_over``.
     """
 
-    kind: Literal["ejected", "recovered", "half_open", "held", "panic", "panic_over"]
+    kind: Literal[
+        "ejected",
+        "recovered",
+        "half_open",
+        "held",
+        "connected",
+        "disconnected",
+        "panic",
+        "panic_over",
+    ]
     failures: int = 0
     reason: str | None = None
     until: float | None = None
@@ -154,6 +169,18 @@ class ProviderHealth:
         self.ejections_total = 0
         self.probes_ok = 0
         self.probes_failed = 0
+
+    def renewed(self) -> ProviderHealth:
+        """A fresh ``unknown`` health for the same provider, for when what was known of it no
+        longer holds (its node link went down, or came back): its health check, whether idle
+        probes are on and its counters since start (ejections, probes) carry over, nothing
+        else — no failures, ejection, hold, trial or running probe."""
+        health = ProviderHealth(self.can_probe)
+        health.idle_probes = self.idle_probes
+        health.ejections_total = self.ejections_total
+        health.probes_ok = self.probes_ok
+        health.probes_failed = self.probes_failed
+        return health
 
     # -- what the scheduler reads ------------------------------------------------------------
 

@@ -51,7 +51,9 @@ class ProviderPolicy:
     ``probe`` says whether the provider has an active health check: an ejected provider with
     one is probed, and so is an idle one; one without gets a single trial request once its
     ejection ends. ``retry_on`` lists the :data:`RetryClass` es of failures that fail over to
-    another provider (:func:`may_retry`).
+    another provider (:func:`may_retry`). ``remote``: its node runs elsewhere and reaches the
+    edge over a node link, so it starts disconnected and is a candidate only while that link
+    is up (:meth:`iop_edge.pool.PoolScheduler.set_connected`); a local provider always is.
     """
 
     node_id: str
@@ -62,6 +64,7 @@ class ProviderPolicy:
     enabled: bool
     probe: bool = False
     retry_on: frozenset[str] = frozenset(RETRY_CLASSES)
+    remote: bool = False
 
     def __post_init__(self) -> None:
         where = f"provider {self.node_id}/{self.provider_id}"

@@ -30,10 +30,13 @@ queued request). Health timers (ejections ending, 429 holds ending, probes due, 
 probe, log an ejection — waits in an outbox read with :meth:`take_events`. A model's panic is
 reported under its own group only (never its derived groups': ``PoolPolicy.derived``).
 
-Deadline boundary: a request's deadline is ``submitted_at + queue_timeout_ms / 1000``; at
-``now >= deadline`` it is expired, never dispatched. Each method expires what is due at ``now``
-before it dispatches anything (``apply_policy`` first fails the requests the new policy cannot
-serve at all: for them ``config_change`` wins over ``queue_timeout``).
+Remote providers (``ProviderPolicy.remote``: their node dials the edge over a node link) are
+candidates only while their link is up, which the shell reports with
+:meth:`PoolScheduler.set_connected`. A disconnected provider stays a member (requests for it
+queue, so a node back within ``queue_timeout_ms`` loses nothing), but nothing is dispatched to
+it, a panic counts connected members only, a request failing over does not wait for it, and
+its health timers and probes stop; its health starts over, ``unknown``, when the link is back,
+and it is refilled at once.
 """
 
 from __future__ import annotations
@@ -78,9 +81,9 @@ Notice = tuple[ProviderKey, HealthEvent | Literal["probe"]] | tuple[str, HealthE
 class PoolScheduler:
     """Admits requests onto provider slots, queues the rest, and swaps its policy live.
 
-    Candidates of a request are the enabled providers of its model group with a free slot of
-    the needed kind that health lets in (not ejected or held, unless the group is in panic);
-    the lowest ``in_flight`` wins, then the lowest ``priority`` number, then
+    Candidates of a request are the enabled (and connected) providers of its model group with
+    a free slot of the needed kind that health lets in (not ejected or held, unless the group
+    is in panic); the lowest ``in_flight`` wins, then the lowest ``priority`` number, then
     the least recently chosen by that group. Without a free candidate the request queues if
     fewer than ``max_queue`` are pending; a freed slot goes to the oldest pending request its
     provider can serve.
@@ -108,6 +111,7 @@ class PoolScheduler:
         self._inherited = 0
         self._handed_over = False
         self._idle_probes = False
+        self._nodes_up: set[str] = set()  # the remote nodes whose link is up (set_connected)
         self._rejected = dict.fromkeys(REJECTION_COUNTERS, 0)
         self._book = PrincipalBook(
             policy.weights, policy.caps, policy.fair_share, queue_caps=policy.queue_caps
@@ -273,8 +277,8 @@ class PoolScheduler:
         """A probe the outbox asked for came back (``reason`` says why it failed)."""
         decisions = self._expire_due(now)
         slot = self._slots.get(key)
-        if slot is None or not slot.enabled:
-            return decisions
+        if slot is None or not slot.serving:
+            return decisions  # (disabled or disconnected: its health starts over when back)
         event = slot.health.probed(ok, reason, now, self._policy.health)
         if event is not None:
             self._events.append((key, event))
@@ -328,6 +332,34 @@ class PoolScheduler:
         request.lease = lease
         self._inherited += 1
         return lease
+
+    def set_connected(self, node_id: str, connected: bool, now: float) -> list[Decision]:
+        """The node link of remote node ``node_id`` came up (``connected``) or went down.
+
+        Covers every remote provider of the node (those of the policy, and any a later swap
+        adds). Going down: each is no candidate any more, leaves the panic count of its groups
+        (the connected members may panic among themselves), and requests failing over that
+        only it could still take are refused ``no_available_provider``; queued requests stay
+        queued, and leases are kept (their holders release them as usual). Coming up: its
+        health starts over, ``unknown``, and its free slots go to the pending requests at
+        once. Each provider whose state changes gets a ``connected`` or ``disconnected``
+        :class:`HealthEvent` (a disabled one none: it is ``disabled``). A model route's slot
+        is never remote (a route has no health: while its node is down it fails at once), and
+        a node without remote providers only has its state remembered.
+        """
+        decisions = self._expire_due(now)
+        if connected:
+            self._nodes_up.add(node_id)
+        else:
+            self._nodes_up.discard(node_id)
+        event = HealthEvent("connected" if connected else "disconnected")
+        for slot in (*self._slots.values(), *self._retired.values()):
+            if slot.remote and slot.key[0] == node_id and slot.connected is not connected:
+                slot.set_connected(connected)
+                if slot.enabled:  # (not disabled, nor removed and still leased)
+                    self._events.append((slot.key, event))
+                    self._health_changed(slot, now, decisions)
+        return decisions
 
     def hand_over(self, now: float) -> list[Decision]:
         """Another process took over the pool (a handover): every pending request is refused
@@ -493,10 +525,13 @@ class PoolScheduler:
         slots: dict[ProviderKey, ProviderSlot] = {}
         for provider in policy.providers:
             slot = self._slots.pop(provider.key, None) or self._retired.pop(provider.key, None)
+            connected = not provider.remote or provider.node_id in self._nodes_up
             if slot is None:
                 slot = ProviderSlot(provider)
+                if connected is not slot.connected:
+                    slot.set_connected(connected)  # a remote provider added while its link is up
             else:
-                slot.update(provider)
+                slot.update(provider, connected)
                 slot.memberships = []
             if slot.health.can_probe is not provider.probe:
                 # Its next health time may move (a probe due or not): arm a timer for it.
@@ -541,7 +576,7 @@ class PoolScheduler:
         for slot in self._slots.values():
             health = slot.health
             health.idle_probes = True
-            if slot.enabled and health.arm_idle(now, policy):
+            if slot.serving and health.arm_idle(now, policy):
                 self._health_timers.arm(slot)
 
     def _release(
@@ -582,7 +617,9 @@ class PoolScheduler:
         health = slot.health
         health.quiet_since = now  # (an attempt ended: idle probes wait a probe_interval)
         trial = health.trial is lease
-        if slot.enabled and (outcome is not None or trial):
+        # (A disconnected provider's outcomes say nothing of it: its health starts over when
+        # its link is back.)
+        if slot.serving and (outcome is not None or trial):
             if trial:
                 # The trial ended: whatever it says below decides, and an outcome that leaves
                 # the provider half-open (the client left, a 429) lets the next request be it.
@@ -709,7 +746,7 @@ class PoolScheduler:
         Returns whether anything was dispatched. Cost: the heads of P's groups' queues.
         """
         dispatched = False
-        while slot.enabled and slot.in_flight < slot.capacity:
+        while slot.serving and slot.in_flight < slot.capacity:
             long_free = slot.long_in_flight < slot.long_capacity
             oldest: PendingRequest | None = None
             chosen: Membership | None = None
@@ -832,8 +869,8 @@ class PoolScheduler:
     def _run_health_timers(self, now: float, decisions: list[Decision]) -> None:
         policy = self._policy.health
         for slot in self._health_timers.due(now):
-            if not slot.enabled or self._slots.get(slot.key) is not slot:
-                continue  # disabled or removed: it starts over when it comes back
+            if not slot.serving or self._slots.get(slot.key) is not slot:
+                continue  # disabled, disconnected or removed: it starts over when it is back
             health = slot.health
             out = health.out
             events = health.advance(now, policy, slot.in_flight > 0)
@@ -866,8 +903,9 @@ class PoolScheduler:
                 self._reoffer(group)
                 touched.extend(m.slot for m in group.members if m.slot is not slot)
         slot.changed()
-        slot.health.arm_idle(now, self._policy.health)
-        self._health_timers.arm(slot)
+        if slot.serving:  # (a disconnected provider has no health timer, and is not probed)
+            slot.health.arm_idle(now, self._policy.health)
+            self._health_timers.arm(slot)
         retried = failing is not None and self._fail_over(failing, slot.key, now, decisions)
         if self._pending:
             for each in touched:

@@ -9,6 +9,12 @@ group's tick when it last chose that member (never-chosen members keep config or
 equals the least recently chosen member wins: round-robin per model group, stable and fair.
 Every change to a provider bumps the version of its memberships and re-offers them; heap entries
 with an old version are dropped when they surface.
+
+A remote provider (its node reaches the edge over a node link) is ``connected`` only while that
+link is up. A disconnected provider stays a member of its groups (their requests queue for it)
+but is no candidate, takes no part in a panic and is not waited for by a request failing over.
+The candidate paths test one flag, ``serving`` (enabled *and* connected), where they tested
+``enabled`` before: a local provider is always connected, so it costs them nothing.
 """
 
 from __future__ import annotations
@@ -30,10 +36,14 @@ class ProviderSlot:
     (``in_policy`` false), so those leases release into the right counters. ``health`` is its
     :class:`ProviderHealth`; ``usable`` caches ``health.usable`` (read on every offer), kept
     in step by the scheduler. ``retry_on``: the retry classes its failures fail over on.
+    ``remote``: its node is reached over a node link; ``connected``: that link is up (always,
+    for a local provider; a remote one starts disconnected). ``serving`` caches ``enabled and
+    connected``: whether it can be a candidate at all (see the module docstring).
     """
 
     __slots__ = (
         "capacity",
+        "connected",
         "enabled",
         "health",
         "in_flight",
@@ -43,7 +53,9 @@ class ProviderSlot:
         "long_in_flight",
         "memberships",
         "priority",
+        "remote",
         "retry_on",
+        "serving",
         "usable",
     )
 
@@ -57,13 +69,17 @@ class ProviderSlot:
         self.priority = policy.priority
         self.retry_on = policy.retry_on
         self.enabled = policy.enabled
+        self.remote = policy.remote
+        self.connected = not policy.remote
+        self.serving = self.enabled and self.connected
         self.in_policy = True
         self.health = ProviderHealth(policy.probe)
         self.usable = True
 
-    def update(self, policy: ProviderPolicy) -> None:
+    def update(self, policy: ProviderPolicy, connected: bool) -> None:
         """Take the new policy of this provider; the counts are kept, and so is its health
-        unless it was disabled or removed: then it starts ``unknown`` again."""
+        unless it was disabled or removed: then it starts ``unknown`` again. ``connected``:
+        whether its node link is up (the scheduler knows; always true for a local provider)."""
         if not self.enabled and policy.enabled:
             self.health = ProviderHealth(policy.probe)
             self.usable = True
@@ -72,18 +88,31 @@ class ProviderSlot:
         self.priority = policy.priority
         self.retry_on = policy.retry_on
         self.enabled = policy.enabled
+        self.remote = policy.remote
         self.in_policy = True
+        if connected is not self.connected:
+            self.set_connected(connected)  # (only if remote changed: links are per node)
+        self.serving = self.enabled and self.connected
+
+    def set_connected(self, connected: bool) -> None:
+        """Its node link went down or came back: what was known of its health no longer
+        holds, so it starts over (``unknown``) either way."""
+        self.connected = connected
+        self.serving = self.enabled and connected
+        self.health = self.health.renewed()
+        self.usable = True
 
     def retire(self) -> None:
         """The provider left the policy: it is no candidate any more, its leases still count."""
         self.enabled = False
+        self.serving = False
         self.in_policy = False
         self.memberships = []
 
     def can_serve(self, long_context: bool) -> bool:
         """Whether a request of that kind could take a slot here now."""
         return (
-            self.enabled
+            self.serving
             and self.in_flight < self.capacity
             and (not long_context or self.long_in_flight < self.long_capacity)
         )
@@ -115,8 +144,8 @@ class ModelGroup:
     counters survive policy swaps (they move to the group's new record), so rotation stamps
     stay unique within a group: chosen members get ``tick`` values (>= 0), new members
     ``fresh`` ones (far below 0, increasing), which puts them first among equals. ``panic``:
-    every member is out (ejected or held), so health is ignored and every member is a
-    candidate.
+    every connected member is out (ejected or held), so health is ignored and every connected
+    member is a candidate (a group whose members are all disconnected is not in panic).
     """
 
     __slots__ = ("fresh", "group_id", "heaps", "members", "panic", "queues", "retries", "tick")
@@ -147,8 +176,16 @@ class ModelGroup:
         return slot.usable or self.panic
 
     def update_panic(self) -> bool:
-        """Recompute :attr:`panic` from the members' health; return whether it changed."""
-        panic = bool(self.members) and all(m.slot.health.out for m in self.members)
+        """Recompute :attr:`panic` from the connected members' health; return whether it
+        changed."""
+        panic = False
+        for membership in self.members:
+            slot = membership.slot
+            if slot.connected:
+                if not slot.health.out:
+                    panic = False
+                    break
+                panic = True
         changed = panic is not self.panic
         self.panic = panic
         return changed
@@ -167,7 +204,7 @@ class ModelGroup:
     def offer(self, membership: Membership) -> None:
         """Index ``membership`` under its current counts, in each heap whose slot kind is free."""
         slot = membership.slot
-        if not slot.enabled or slot.in_flight >= slot.capacity or not (slot.usable or self.panic):
+        if not slot.serving or slot.in_flight >= slot.capacity or not (slot.usable or self.panic):
             return
         entry = (slot.in_flight, slot.priority, membership.stamp, membership.version, membership)
         heaps = self.heaps
@@ -211,9 +248,11 @@ class ModelGroup:
         return best
 
     def has_untried(self, tried: frozenset[ProviderKey]) -> bool:
-        """Whether a member not in ``tried`` could take the request once a slot frees up."""
+        """Whether a member not in ``tried`` could take the request once a slot frees up (a
+        disconnected one cannot: a request failing over does not wait for a link)."""
         return any(
-            m.slot.key not in tried and (self.panic or not m.slot.health.out) for m in self.members
+            m.slot.key not in tried and m.slot.connected and (self.panic or not m.slot.health.out)
+            for m in self.members
         )
 
     def choose(self, membership: Membership) -> None:

@@ -41,6 +41,8 @@ STATUS_DISABLED = "disabled"
 """Provider status (and health) of a provider disabled by the policy."""
 STATUS_REMOVED = "removed"
 """Provider status of a provider gone from the policy whose leases are still held."""
+HEALTH_DISCONNECTED = "disconnected"
+"""Health of an enabled remote provider while its node link is down (its status: active)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,9 @@ class ProviderStatistics:
 
     Enabled: ``status="active"``, ``health`` ``unknown`` (no evidence yet), ``healthy`` (its
     last request or probe succeeded) or ``unhealthy`` (ejected until ``ejected_until``, or
-    ``half_open``: waiting for its trial request), the policy's capacities. Disabled:
+    ``half_open``: waiting for its trial request), the policy's capacities; a remote provider
+    whose node link is down reads ``disconnected`` (``connected`` false; no dispatch goes to
+    it, its requests queue, its health starts over when the link is back). Disabled:
     ``status="disabled"``, ``health="disabled"``, ``capacity=0`` and ``long_context_capacity=0``.
     Removed from the policy but still leased: ``status="removed"``, ``health="disabled"``,
     capacities 0, listed after the policy's providers until its last lease is released.
@@ -81,14 +85,16 @@ class ProviderStatistics:
     probes_ok: int = 0
     probes_failed: int = 0
     probes_trusted: bool = True
+    connected: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class GroupStatistics:
-    """One model group: its enabled members, and whether it is in panic (every one of them
-    ejected or held, so health is ignored for it). ``derived_from``: the model whose providers
-    a derived group shares (its ``[completions]`` or ``[embeddings]`` group), whose panic
-    alone is reported; ``None`` for a model's own group."""
+    """One model group: its enabled members (connected or not), and whether it is in panic
+    (every connected one of them ejected or held, so health is ignored for it).
+    ``derived_from``: the model whose providers a derived group shares (its ``[completions]``
+    or ``[embeddings]`` group), whose panic alone is reported; ``None`` for a model's own
+    group."""
 
     group_id: str
     members: int
@@ -165,7 +171,8 @@ def provider_statistics(slot: ProviderSlot) -> ProviderStatistics:
     node_id, provider_id = slot.key
     state = slot.health if slot.enabled else _NO_HEALTH
     if slot.enabled:
-        status, health = STATUS_ACTIVE, state.health.value
+        status = STATUS_ACTIVE
+        health = state.health.value if slot.connected else HEALTH_DISCONNECTED
         capacity, long_capacity = slot.capacity, slot.long_capacity
     else:
         status = STATUS_DISABLED if slot.in_policy else STATUS_REMOVED
@@ -190,4 +197,5 @@ def provider_statistics(slot: ProviderSlot) -> ProviderStatistics:
         probes_ok=state.probes_ok,
         probes_failed=state.probes_failed,
         probes_trusted=state.probes_trusted,
+        connected=slot.connected,
     )

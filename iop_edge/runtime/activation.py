@@ -5,7 +5,8 @@ The convention (``sd_listen_fds(3)``): ``LISTEN_PID`` is the pid the sockets are
 colon-separated. ``iop-edge serve`` takes its listeners' sockets that way when it is started
 with them — by a ``iop-edge.socket`` unit, or by the running daemon handing over to a new
 process — and binds the others itself. A socket is named after the listener it serves:
-``openai``, ``metrics`` or ``console``; a single unnamed socket is the ``openai`` one.
+``openai``, ``metrics``, ``console`` or ``nodes`` (the node listener, ``listen.address``,
+where remote ``iop-node`` agents dial in); a single unnamed socket is the ``openai`` one.
 
 :func:`inherited_sockets` reads the environment (and unsets it, so the daemon's own children
 do not inherit it); :func:`activation_argv` starts a program with given sockets at 3, 4, …,
@@ -20,7 +21,7 @@ import socket
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 
-LISTENER_NAMES = ("openai", "metrics", "console")
+LISTENER_NAMES = ("openai", "metrics", "console", "nodes")
 FIRST_FD = 3  # SD_LISTEN_FDS_START
 
 _VARIABLES = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")

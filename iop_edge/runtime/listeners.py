@@ -45,6 +45,7 @@ import errno
 import os
 import resource
 import socket
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -187,6 +188,8 @@ class Listener:
         self.log = log
         self.host = ""
         self.port = 0
+        #: whether the listener serves TLS (its :attr:`url` is ``https://``)
+        self.tls = False
         #: the accepted connections by aiohttp handler, oldest first
         self.connections: dict[Any, ConnectionGuard] = {}
         #: refused connections, half-closed until their client closes (``REFUSAL_LINGER``)
@@ -246,11 +249,13 @@ class Listener:
         log: Logger,
         sock: socket.socket | None = None,
         serve: bool = True,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> Listener:
         """Serve ``app`` on ``address`` (``HOST:PORT``, ``[::1]:PORT``), or on ``sock``, a
-        listening socket passed in (:mod:`iop_edge.runtime.activation`), whatever its address.
-        Client disconnects cancel their handler; keep-alive idles end after
-        ``limits.keepalive_timeout``."""
+        listening socket passed in (:mod:`iop_edge.runtime.activation`), whatever its address;
+        over TLS with ``ssl_context`` (the node listener's ``listen.tls``: the guard then sits
+        behind the TLS layer and sees the decrypted stream). Client disconnects cancel their
+        handler; keep-alive idles end after ``limits.keepalive_timeout``."""
         runner = web.AppRunner(
             app,
             handler_cancellation=True,
@@ -274,6 +279,7 @@ class Listener:
                         reuse_address=True,
                         backlog=LISTEN_BACKLOG,
                         start_serving=serve,
+                        ssl=ssl_context,
                     )
                 except OSError as exc:
                     raise ListenError(bind_failure(name, parsed, exc)) from exc
@@ -284,6 +290,7 @@ class Listener:
                     sock=sock,
                     backlog=LISTEN_BACKLOG,
                     start_serving=serve,
+                    ssl=ssl_context,
                 )
         except BaseException:
             await runner.cleanup()
@@ -291,13 +298,14 @@ class Listener:
         bound = listener._server.sockets[0].getsockname()
         listener.host = bound[0] if sock is not None else ListenAddress.parse(address).host
         listener.port = bound[1]
+        listener.tls = ssl_context is not None
         return listener
 
     @property
     def url(self) -> str:
-        """``http://host:port`` of the listener."""
+        """``http://host:port`` of the listener (``https://`` when it serves TLS)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def statistics(self) -> ListenerStatistics:
         """The listener's connections and guard counters, as of now."""

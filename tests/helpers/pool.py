@@ -44,6 +44,7 @@ def provider(
     enabled: bool = True,
     probe: bool = False,
     retry_on: frozenset[str] = frozenset(RETRY_CLASSES),
+    remote: bool = False,
 ) -> ProviderPolicy:
     return ProviderPolicy(
         node_id=node,
@@ -54,6 +55,7 @@ def provider(
         enabled=enabled,
         probe=probe,
         retry_on=retry_on,
+        remote=remote,
     )
 
 
