@@ -295,6 +295,9 @@ class NodeLinkServer:
                 self.log.info("node_link_down", node=node_id, peer=link.peer, reason=reason)
             if not link.closed:
                 await link.close(CLOSE_GOING_AWAY, "stopping")
+            # A violation's close handshake runs in a task of the link's (bounded): the
+            # handler must not return before it, or aiohttp closes the socket with 1000.
+            await link.wait_closed()
         return ws
 
     async def _handshake(self, link: LinkConnection, node: RemoteNode) -> LinkInfo | None:
