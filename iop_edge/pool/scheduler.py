@@ -353,10 +353,10 @@ class PoolScheduler:
         else:
             self._nodes_up.discard(node_id)
         event = HealthEvent("connected" if connected else "disconnected")
-        for slot in self._slots.values():
+        for slot in (*self._slots.values(), *self._retired.values()):
             if slot.remote and slot.key[0] == node_id and slot.connected is not connected:
                 slot.set_connected(connected)
-                if slot.enabled:
+                if slot.enabled:  # (not disabled, nor removed and still leased)
                     self._events.append((slot.key, event))
                     self._health_changed(slot, now, decisions)
         return decisions

@@ -1,8 +1,10 @@
 """Property tests of the pure scheduler: a Hypothesis state machine against a simple model.
 
 Rules submit, release (once or twice, with every kind of outcome), fail over, cancel, deliver
-probe results, advance time (by steps, or to the next timer the scheduler asks for) and swap in
-random policies (health policy, ``max_attempts`` and probe capability included). The model
+probe results, advance time (by steps, or to the next timer the scheduler asks for), swap in
+random policies (health policy, ``max_attempts`` and probe capability included) and bring the
+node links of remote nodes up and down (a remote provider is a candidate only while its link is
+up; its health starts over when the link goes down and when it is back). The model
 keeps what SPEC §5, §5.1 and §4 talk about (slot counts per provider, each request's fate and
 the providers it tried, the policy in force, each provider's consecutive failures and trial);
 provider health states are read from ``statistics()`` and each change is checked against the
@@ -26,7 +28,11 @@ operation that caused it. Every step checks the invariants:
   and last ``eject_ms`` doubled per re-ejection up to ``max_eject_ms``; no health timer is
   missed and ``next_event()`` is never later than the nearest one;
 - ``statistics()`` agrees with the requests' fates and the model's slot counts, and
-  ``submitted + failovers == admitted + rejected + queue_depth``.
+  ``submitted + failovers == admitted + rejected + queue_depth``;
+- a disconnected provider gets no lease, takes no part in a panic, is not waited for by a
+  request failing over, has no health timer or probe and reads ``disconnected``; each change
+  of a link gives each enabled remote provider of its node one ``connected`` or
+  ``disconnected`` event, and no other operation does.
 """
 
 from __future__ import annotations
@@ -73,6 +79,9 @@ from iop_edge.pool import (
 
 KEYS: list[ProviderKey] = [("n1", "a"), ("n1", "b"), ("n2", "c"), ("n2", "d")]
 GROUPS = ["g0", "g1", "g2"]
+NODES = ["n1", "n2"]
+REMOTE_NODES = [frozenset({"n2"}), frozenset({"n1"}), frozenset(NODES), frozenset()]
+"""Which nodes are remote, for one run (fixed, as for a running edge: a restart-class field)."""
 
 FAILURES = [
     Failure("connect", "connection refused"),
@@ -89,7 +98,9 @@ OUTCOMES: list[Outcome] = [None, OK, OK, OK, OK, *FAILURES]
 
 
 @st.composite
-def provider_policies(draw: st.DrawFn, key: ProviderKey) -> ProviderPolicy:
+def provider_policies(
+    draw: st.DrawFn, key: ProviderKey, remote: frozenset[str] = frozenset()
+) -> ProviderPolicy:
     capacity = draw(st.integers(1, 2))
     return ProviderPolicy(
         node_id=key[0],
@@ -104,6 +115,7 @@ def provider_policies(draw: st.DrawFn, key: ProviderKey) -> ProviderPolicy:
                 st.just(frozenset(RETRY_CLASSES)), st.frozensets(st.sampled_from(RETRY_CLASSES))
             )
         ),
+        remote=key[0] in remote,
     )
 
 
@@ -119,14 +131,16 @@ def health_policies(draw: st.DrawFn) -> HealthPolicy:
 
 
 @st.composite
-def pool_policies(draw: st.DrawFn) -> PoolPolicy:
+def pool_policies(draw: st.DrawFn, remote: frozenset[str] = frozenset()) -> PoolPolicy:
     """Random policies that keep enough contention to be interesting.
 
     Providers a and b and groups g0 and g1 (non-empty) are always there; c, d and g2 come and
     go, and g2 may be empty, so removals and "no enabled provider" happen too.
     """
     providers = tuple(
-        draw(provider_policies(key)) for i, key in enumerate(KEYS) if i < 2 or draw(st.booleans())
+        draw(provider_policies(key, remote))
+        for i, key in enumerate(KEYS)
+        if i < 2 or draw(st.booleans())
     )
     keys = [p.key for p in providers]
     groups = {
@@ -146,16 +160,18 @@ def pool_policies(draw: st.DrawFn) -> PoolPolicy:
 
 
 @st.composite
-def tweaked_policies(draw: st.DrawFn, policy: PoolPolicy) -> PoolPolicy:
+def tweaked_policies(
+    draw: st.DrawFn, policy: PoolPolicy, remote: frozenset[str] = frozenset()
+) -> PoolPolicy:
     """Mostly the policy in force with one provider or the live knobs changed (so health has
     time to build up across swaps), sometimes a new random one."""
     change = draw(st.sampled_from(["new", "provider", "provider", "knobs"]))
     if change == "new":
-        return draw(pool_policies())
+        return draw(pool_policies(remote))
     if change == "provider":
         index = draw(st.integers(0, len(policy.providers) - 1))
         providers = list(policy.providers)
-        providers[index] = draw(provider_policies(providers[index].key))
+        providers[index] = draw(provider_policies(providers[index].key, remote))
         return dataclasses.replace(policy, providers=tuple(providers), groups=dict(policy.groups))
     return dataclasses.replace(
         policy,
@@ -187,6 +203,8 @@ class Step:
     # (request, provider, whether it was a retry) for each dispatch of the step, in order
     dispatches: list[tuple[PendingRequest, ProviderKey, bool]] = field(default_factory=list)
     retries_before: frozenset[int] = frozenset()  # request ids failing over before the step
+    link: tuple[str, bool] | None = None  # a node link that came up (True) or went down
+    link_changed: frozenset[ProviderKey] = frozenset()  # enabled providers it (dis)connected
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -222,9 +240,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.distrusted: set[ProviderKey] = set()
         self.retry_on: dict[ProviderKey, frozenset[str]] = {}  # each provider's last rule
         self.panics: dict[str, bool] = {}
+        self.remote_nodes: frozenset[str] = frozenset()
+        self.up: set[str] = set()  # the remote nodes whose link is up
 
-    @initialize(policy=pool_policies())
-    def start(self, policy: PoolPolicy) -> None:
+    @initialize(remote=st.sampled_from(REMOTE_NODES), data=st.data())
+    def start(self, remote: frozenset[str], data: st.DataObject) -> None:
+        self.remote_nodes = remote
+        policy = data.draw(pool_policies(remote))
         self.policy = policy
         self.retry_on.update((p.key, p.retry_on) for p in policy.providers)
         self.scheduler = PoolScheduler(policy)
@@ -248,11 +270,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         p = self.provider(key)
         return p is not None and p.enabled
 
+    def connected(self, key: ProviderKey) -> bool:
+        """A local provider always is; a remote one while its node's link is up."""
+        return key[0] not in self.remote_nodes or key[0] in self.up
+
     def free_for(self, key: ProviderKey, long_context: bool) -> bool:
         p = self.provider(key)
         return (
             p is not None
             and p.enabled
+            and self.connected(key)
             and self.in_flight[key] < p.capacity
             and (not long_context or self.long_in_flight[key] < p.long_context_capacity)
         )
@@ -304,7 +331,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         return [
             k
             for k in self.policy.groups.get(group_id, ())
-            if k not in tried and self.enabled(k) and (in_panic or not self.out(stats, k))
+            if k not in tried
+            and self.enabled(k)
+            and self.connected(k)
+            and (in_panic or not self.out(stats, k))
         ]
 
     def deadline(self, request: PendingRequest) -> float | None:
@@ -344,17 +374,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.stats = self.scheduler.statistics()
         for key in KEYS:
             p = self.shown(self.stats, key)
-            if p is None or not p.enabled:
-                # Gone or disabled: it starts over when enabled again. Its probes still running
-                # are dropped (the scheduler ignores their results while it is disabled; one
-                # landing after it is enabled again would count on its new health).
-                for counter in (
-                    self.failures,
-                    self.run,
-                    self.ejections,
-                    self.probes_ok,
-                    self.probes_failed,
-                ):
+            gone = p is None or not p.enabled
+            if gone or not self.connected(key):
+                # Gone or disabled: it starts over when enabled again. Disconnected: its health
+                # starts over, its counters since start carry on. Its probes still running
+                # are dropped (the scheduler ignores their results while it is disabled or
+                # disconnected; one landing after it is back would count on its new health).
+                counters = [self.failures, self.run]
+                if gone:
+                    counters += [self.ejections, self.probes_ok, self.probes_failed]
+                for counter in counters:
                     counter.pop(key, None)
                 self.probe_failed.discard(key)
                 self.ejected_at.pop(key, None)
@@ -391,6 +420,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if event == PROBE:
                 # Due while time advances; or at once when a swap turns probes on for it.
                 assert step.kind in ("advance", "apply")
+                assert self.connected(key), f"a probe of disconnected {key}"
                 assert self.grouped_provider(key).probe
                 assert p.ejected_until is not None
                 assert key not in self.probes, "a second probe while one runs"
@@ -399,6 +429,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue
             assert isinstance(event, HealthEvent)
             seen.setdefault(key, []).append(event.kind)
+            if event.kind in ("connected", "disconnected"):
+                assert step.link is not None
+                assert (key[0], event.kind == "connected") == step.link
+                assert p.connected is (event.kind == "connected")
+                continue
+            assert self.connected(key), f"{event} of disconnected {key}"
             if event.kind == "ejected":
                 if step.kind == "advance":
                     # Probes kept failing: the ejection is renewed where it ends.
@@ -460,10 +496,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         """The converse: what the operation must have caused did happen."""
         before, after = step.before, self.stats
         assert before is not None
+        if step.link is not None:
+            up = step.link[1]
+            for key in KEYS:
+                kinds = [k for k in seen.get(key, []) if k in ("connected", "disconnected")]
+                changed = key in step.link_changed
+                assert kinds == ([("connected" if up else "disconnected")] if changed else [])
         if step.outcome is not None:
             key, outcome = step.outcome
             was = self.shown(before, key)
-            if self.enabled(key) and was is not None and was.enabled:
+            if self.enabled(key) and self.connected(key) and was is not None and was.enabled:
                 if isinstance(outcome, Failure) and outcome.kind != "status_429":
                     ejects = was.half_open or (
                         was.ejected_until is None
@@ -660,8 +702,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.trial.get(key) is lease:
             del self.trial[key]
         self.stale_success = False
-        if not self.enabled(key):
-            return
+        if not self.enabled(key) or not self.connected(key):
+            return  # (disconnected: the outcome says nothing of the provider)
         if outcome == OK:
             was = self.shown(self.stats, key)
             ejected_at = self.ejected_at.get(key)
@@ -735,7 +777,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         untried = [
             k
             for k in self.policy.groups.get(request.group_id, ())
-            if k not in tried and self.enabled(k) and (in_panic or not self.out(self.stats, k))
+            if k not in tried
+            and self.enabled(k)
+            and self.connected(k)
+            and (in_panic or not self.out(self.stats, k))
         ]
         expected = (
             may_retry(failure.kind, self.retry_on[lease.key])
@@ -774,6 +819,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         was = self.shown(self.stats, key)
         assert was is not None
         assert was.enabled
+        assert self.connected(key)  # (its probes are dropped when its link goes down)
         counts = self.probe_counts(key, was)
         if ok:
             self.probes_ok[key] += 1
@@ -814,11 +860,27 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def apply_policy(self, data: st.DataObject) -> None:
-        policy = data.draw(tweaked_policies(self.policy))
+        policy = data.draw(tweaked_policies(self.policy, self.remote_nodes))
         step = self.begin("apply")
         self.policy = policy
         self.retry_on.update((p.key, p.retry_on) for p in policy.providers)
         self.finish(self.scheduler.apply_policy(policy, self.now), step)
+
+    @rule(node=st.sampled_from(NODES), up=st.booleans())
+    def link(self, node: str, up: bool) -> None:
+        """A node's link comes up or goes down (for a local node: nothing changes)."""
+        step = self.begin("link")
+        step.link = (node, up)
+        was = {key: self.connected(key) for key in KEYS}
+        if node in self.remote_nodes:
+            if up:
+                self.up.add(node)
+            else:
+                self.up.discard(node)
+        step.link_changed = frozenset(
+            key for key in KEYS if self.enabled(key) and was[key] is not self.connected(key)
+        )
+        self.finish(self.scheduler.set_connected(node, up, self.now), step)
 
     # -- invariants -----------------------------------------------------------------------
 
@@ -867,16 +929,22 @@ class SchedulerMachine(RuleBasedStateMachine):
         stats = self.stats
         for group in stats.groups:
             members = [k for k in self.policy.groups[group.group_id] if self.enabled(k)]
-            assert group.members == len(members)
-            assert group.panic is (bool(members) and all(self.out(stats, k) for k in members))
+            assert group.members == len(members)  # (connected or not)
+            live = [k for k in members if self.connected(k)]
+            assert group.panic is (bool(live) and all(self.out(stats, k) for k in live))
         for key, lease in self.trial.items():
             assert lease in self.held
             assert lease.key == key
         for p in stats.providers:
             key = (p.node_id, p.provider_id)
+            assert p.connected is self.connected(key)
             if not p.enabled:
                 continue
-            assert p.health in ("unknown", "healthy", "unhealthy")
+            if not p.connected:
+                assert p.health == "disconnected"
+                assert (p.ejected_until, p.held_until, p.half_open) == (None, None, False)
+            else:
+                assert p.health in ("unknown", "healthy", "unhealthy")
             assert (p.health == "unhealthy") is (p.ejected_until is not None or p.half_open)
             assert not (p.half_open and p.ejected_until is not None)
             assert (p.consecutive_failures, p.ejections) == (
