@@ -380,9 +380,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 # starts over, its counters since start carry on. Its probes still running
                 # are dropped (the scheduler ignores their results while it is disabled or
                 # disconnected; one landing after it is back would count on its new health).
-                counters = (self.failures, self.run)
+                counters = [self.failures, self.run]
                 if gone:
-                    counters += (self.ejections, self.probes_ok, self.probes_failed)
+                    counters += [self.ejections, self.probes_ok, self.probes_failed]
                 for counter in counters:
                     counter.pop(key, None)
                 self.probe_failed.discard(key)
