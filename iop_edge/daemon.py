@@ -268,6 +268,16 @@ class Daemon:
                 provider=provider,
                 message="the ejection ran out with no probe verdict: the next request is a trial",
             )
+        elif event.kind == "disconnected":  # its remote node's link went down
+            self.log.warning(
+                "provider_disconnected",
+                node=node,
+                provider=provider,
+                message="the node's link is down: no candidate (requests wait in the queue or go "
+                "to other providers) until the node dials in again",
+            )
+        elif event.kind == "connected":
+            self.log.info("provider_connected", node=node, provider=provider)
         else:
             self.log.info("provider_recovered", node=node, provider=provider, via=event.via)
 

@@ -14,10 +14,11 @@ from iop_edge.adapters.base import UpstreamReply, Usage
 from iop_edge.daemon import Daemon
 from iop_edge.link import calls
 from iop_edge.link.protocol import CLOSE_GOING_AWAY, Frame, Kind
+from iop_edge.runtime.logs import configure_logging, flush_logs
 from iop_edge.testing.hostile_node import ScriptedNode
 from iop_edge.testing.leaks import wait_for
 from iop_edge.tokens import token_hash
-from tests.helpers import doc_for
+from tests.helpers import LogCapture, doc_for
 from tests.helpers.api import running_edge
 from tests.helpers.links import TOKENS
 
@@ -114,3 +115,27 @@ async def test_without_a_remote_node_there_is_no_node_listener() -> None:
     async with running_edge(doc_for()) as daemon:
         assert "nodes" not in daemon.listeners
         assert daemon.node_links is None
+
+
+async def test_the_link_going_up_and_down_is_logged_per_provider() -> None:
+    log = LogCapture()
+    configure_logging("debug", "json", log)
+    async with running_edge(remote_doc()) as daemon:
+        node = await ScriptedNode.dial(daemon.listeners["nodes"].url + "/link", TOKENS["n1"])
+        try:
+            await node.handshake()
+            await wait_for(lambda: provider_health(daemon, "far") != "disconnected")
+        finally:
+            await node.close()
+        await wait_for(lambda: provider_health(daemon, "far") == "disconnected")
+        flush_logs()
+    events = [orjson.loads(line) for line in log.getvalue().splitlines()]
+    health = [
+        (e["event"], e["level"], e.get("provider"))
+        for e in events
+        if e["event"] in ("provider_connected", "provider_disconnected", "provider_recovered")
+    ]
+    assert health == [
+        ("provider_connected", "info", "far"),
+        ("provider_disconnected", "warning", "far"),
+    ]
