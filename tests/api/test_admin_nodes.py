@@ -93,9 +93,9 @@ async def test_a_remote_node_shows_its_link_as_it_comes_and_goes(tmp_path):
         status = await status_of(console)
         assert [(n["id"], n["kind"]) for n in status["nodes"]] == [
             ("local", "local"),
-            ("n1", "remote"),
+            ("n2", "remote"),
         ]
-        away = entry(status, "nodes", "n1")
+        away = entry(status, "nodes", "n2")
         assert away["connected"] is False
         assert re.fullmatch(r"[0-9a-f]{16}", away["generation"])
         assert {k: away[k] for k in ("connected_since", "peer", "generation_acked")} == {
@@ -105,7 +105,7 @@ async def test_a_remote_node_shows_its_link_as_it_comes_and_goes(tmp_path):
         }
         assert (away["reconnects"], away["last_down"], away["in_flight"]) == (0, None, 0)
         assert entry(status, "providers", REMOTE_PROVIDER)["health"] == "disconnected"
-        assert "node n1: disconnected (no link since the edge started)" in await iop_edge_status(
+        assert "node n2: disconnected (no link since the edge started)" in await iop_edge_status(
             console
         )
 
@@ -122,7 +122,7 @@ async def test_a_remote_node_shows_its_link_as_it_comes_and_goes(tmp_path):
             assert req is not None
             assert req.kind is Kind.REQ
             status = await status_of(console)
-            up = entry(status, "nodes", "n1")
+            up = entry(status, "nodes", "n2")
             assert up["connected"] is True
             assert re.fullmatch(r"127\.0\.0\.1:\d+", up["peer"])
             assert (up["agent_version"], up["protocol"]) == ("test", PROTOCOL_VERSION)
@@ -134,8 +134,8 @@ async def test_a_remote_node_shows_its_link_as_it_comes_and_goes(tmp_path):
             assert when(up["connected_since"])
             assert entry(status, "providers", REMOTE_PROVIDER)["health"] != "disconnected"
             shown = await iop_edge_status(console)
-            row = next(line for line in shown.splitlines() if line.startswith("n1 "))
-            assert row.split()[:3] == ["n1", "remote", "yes"]
+            row = next(line for line in shown.splitlines() if line.startswith("n2 "))
+            assert row.split()[:3] == ["n2", "remote", "yes"]
             assert up["peer"] in row
             assert up["generation"] in row
             assert row.endswith(" ms")  # the round trip
@@ -145,19 +145,19 @@ async def test_a_remote_node_shows_its_link_as_it_comes_and_goes(tmp_path):
                 Frame(Kind.RESP_REPLY, stream=req.stream, meta=calls.reply_meta(reply), data=body)
             )
             assert (await asked).status == 200
-            assert entry(await status_of(console), "nodes", "n1")["in_flight"] == 0
+            assert entry(await status_of(console), "nodes", "n2")["in_flight"] == 0
         await wait_for(lambda: not node_connected(daemon))
         status = await status_of(console)
-        down = entry(status, "nodes", "n1")
+        down = entry(status, "nodes", "n2")
         assert down["connected"] is False
         assert down["last_down"]["reason"] == "node_closed"
         assert when(down["last_down"]["at"]) >= when(up["connected_since"])
         assert down["bytes_received"] >= up["bytes_received"]  # kept after the link went
         assert entry(status, "providers", REMOTE_PROVIDER)["health"] == "disconnected"
-        assert "node n1: disconnected since " in await iop_edge_status(console)
+        assert "node n2: disconnected since " in await iop_edge_status(console)
 
         async with answering_node(daemon):
-            again = entry(await status_of(console), "nodes", "n1")
+            again = entry(await status_of(console), "nodes", "n2")
             assert (again["connected"], again["reconnects"]) == (True, 1)
         text = json.dumps(await status_of(console))
-        assert TOKENS["n1"] not in text
+        assert TOKENS["n2"] not in text

@@ -17,8 +17,9 @@ from iop_edge.testing.leaks import wait_for
 from iop_edge.tokens import token_hash
 from tests.helpers.links import TOKENS
 
-REMOTE_NODE: Final = "n1"
-"""The remote node :func:`with_remote_node` adds (its token is ``TOKENS["n1"]``)."""
+REMOTE_NODE: Final = "n2"
+"""The remote node :func:`with_remote_node` adds (its token is ``TOKENS["n2"]``; ``n1`` is
+left to the configs it is added to)."""
 REMOTE_PROVIDER: Final = "far"
 REMOTE_MODEL: Final = "far-chat"
 HEARTBEAT_MS: Final = 500
@@ -27,7 +28,7 @@ does not let the link go silent for three heartbeats."""
 
 
 def with_remote_node(doc: dict[str, Any], base_url: str = "http://10.0.0.9/v1") -> dict[str, Any]:
-    """``doc`` with the node listener on 127.0.0.1 (port 0) and remote node ``n1``: provider
+    """``doc`` with the node listener on 127.0.0.1 (port 0) and remote node ``n2``: provider
     ``far`` (an ``openai_compat`` adapter at ``base_url``, which only the node would call)
     serving model ``far-chat`` alone."""
     doc = {**doc, "nodes": list(doc["nodes"]), "models": list(doc["models"])}
@@ -95,7 +96,7 @@ def node_connected(daemon: Daemon, node_id: str = REMOTE_NODE) -> bool:
 
 @contextlib.asynccontextmanager
 async def answering_node(daemon: Daemon) -> AsyncIterator[AnsweringNode]:
-    """Node ``n1`` dialled into ``daemon``, its payload acknowledged and the daemon seeing it
+    """Node ``n2`` dialled into ``daemon``, its payload acknowledged and the daemon seeing it
     connected; its link closed afterwards."""
     scripted = await ScriptedNode.dial(link_url(daemon), TOKENS[REMOTE_NODE])
     try:
