@@ -1,6 +1,6 @@
 """The metrics read at scrape time (SPEC §9): the scheduler's state, the supervisor's running
-config, the listeners' connections, the handover this process took over by and the stored
-responses of ``/v1/responses``.
+config, the listeners' connections, the handover this process took over by, the stored
+responses of ``/v1/responses`` and the remote nodes' links.
 
 Each collector reads one snapshot (``statistics()``) per scrape and yields its families: one
 source of truth, nothing counted twice. A series exists only for a thing that exists: a
@@ -13,7 +13,7 @@ registered (for the names it must keep unique), so registering reads no snapshot
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -26,6 +26,7 @@ from iop_edge.pool import PoolStatistics
 if TYPE_CHECKING:
     from iop_edge.api.responses_store import ResponsesStoreStatistics
     from iop_edge.handover.channel import HandoverStatistics
+    from iop_edge.link.statistics import NodeLinkStatistics
     from iop_edge.runtime.listeners import ListenerStatistics
     from iop_edge.supervisor import Supervisor, SupervisorStatistics
 
@@ -33,6 +34,7 @@ __all__ = [
     "Family",
     "HandoverCollector",
     "ListenerCollector",
+    "NodeLinkCollector",
     "ResponsesStoreCollector",
     "StateCollector",
 ]
@@ -103,7 +105,8 @@ PROVIDER_ENABLED = _gauge(
 )
 PROVIDER_UP = _gauge(
     "iop_edge_provider_up",
-    "1 unless the provider is ejected by its health (held out by a 429 counts as up).",
+    "1 unless the provider is ejected by its health (held out by a 429 counts as up) or its "
+    "remote node's link is down (health disconnected).",
     "node",
     "provider",
 )
@@ -238,7 +241,7 @@ class StateCollector(Collector):
             capacity.add_metric([*key, "long"], p.long_context_capacity)
             enabled.add_metric(key, 1 if p.enabled else 0)
             ejected = p.ejected_until is not None or p.half_open
-            up.add_metric(key, 0 if ejected else 1)
+            up.add_metric(key, 0 if ejected or not p.connected else 1)
             ejections.add_metric(key, p.ejections)
             probes.add_metric([*key, "ok"], p.probes_ok)
             probes.add_metric([*key, "failed"], p.probes_failed)
@@ -413,3 +416,122 @@ class ResponsesStoreCollector(Collector):
         evicted.add_metric(["expired"], stats.expired)
         evicted.add_metric(["too_large"], stats.too_large)
         yield evicted
+
+
+NODE_CONNECTED = _gauge(
+    "iop_edge_node_connected",
+    "1 while a remote node's link is up and its payload acknowledged (remote nodes only).",
+    "node",
+)
+NODE_RECONNECTS = _counter(
+    "iop_edge_node_reconnects",
+    "Links of a remote node acknowledged after its first one, in this process.",
+    "node",
+)
+NODE_LINK_RTT = _gauge(
+    "iop_edge_node_link_rtt_seconds",
+    "The round trip of the link's PING (an exponentially weighted average); no series "
+    "while no link is attached or before its first PONG.",
+    "node",
+)
+NODE_LINK_BYTES = _counter(
+    "iop_edge_node_link_bytes",
+    "Frame bytes over every link of a remote node in this process, by direction as the edge "
+    "sees it: sent (requests, credit, pings) and received (answers, streams).",
+    "node",
+    "direction",
+)
+NODE_LINK_IN_FLIGHT = _gauge(
+    "iop_edge_node_link_in_flight",
+    "Request streams open on a remote node's links (probes included).",
+    "node",
+)
+NODE_LINK_VIOLATIONS = _counter(
+    "iop_edge_node_link_violations",
+    "Links of a remote node closed for breaking the link protocol (4400).",
+    "node",
+)
+NODE_LINK_REFUSED = _counter(
+    "iop_edge_node_link_refused",
+    "Dials the node listener refused before a node was known, by reason: "
+    "invalid_node_token (401), reconnecting_too_fast (429), stopping (503).",
+    "reason",
+)
+NODE_INFO = _gauge(
+    "iop_edge_node_info",
+    "The agent on a remote node's link: its iop-node version and the payload generation it "
+    "acknowledged (no series while the node is disconnected).",
+    "node",
+    "agent_version",
+    "generation",
+)
+MAX_NODE_LABEL = 64
+"""The longest label value a node's ``HELLO`` or ``ACK`` gives :data:`NODE_INFO`."""
+NODE_FAMILIES = (
+    NODE_CONNECTED,
+    NODE_RECONNECTS,
+    NODE_LINK_RTT,
+    NODE_LINK_BYTES,
+    NODE_LINK_IN_FLIGHT,
+    NODE_LINK_VIOLATIONS,
+    NODE_LINK_REFUSED,
+    NODE_INFO,
+)
+"""What :class:`NodeLinkCollector` yields, in order."""
+
+
+class NodeLinkCollector(Collector):
+    """The remote nodes' links, read at scrape time from
+    :meth:`iop_edge.link.edge_server.NodeLinkServer.statistics` (a local node has no link and
+    no series), and the dials the node listener refused (``refused``: count by reason)."""
+
+    def __init__(
+        self,
+        statistics: Callable[[], Iterable[NodeLinkStatistics]],
+        refused: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
+        self._statistics = statistics
+        self._refused = refused
+
+    def describe(self) -> Iterator[Metric]:
+        """Every family :meth:`collect` yields, without samples (no link is read)."""
+        return (family.empty() for family in NODE_FAMILIES)
+
+    def collect(self) -> Iterator[Metric]:
+        """One snapshot of every remote node's link."""
+        connected = NODE_CONNECTED.empty()
+        reconnects = NODE_RECONNECTS.empty()
+        rtt = NODE_LINK_RTT.empty()
+        link_bytes = NODE_LINK_BYTES.empty()
+        in_flight = NODE_LINK_IN_FLIGHT.empty()
+        violations = NODE_LINK_VIOLATIONS.empty()
+        info = NODE_INFO.empty()
+        for node in self._statistics():
+            if not node.remote:
+                continue
+            key = [node.node_id]
+            connected.add_metric(key, 1 if node.connected else 0)
+            reconnects.add_metric(key, node.reconnects)
+            if node.rtt is not None:
+                rtt.add_metric(key, node.rtt)
+            link_bytes.add_metric([*key, "sent"], node.bytes_sent)
+            link_bytes.add_metric([*key, "received"], node.bytes_received)
+            in_flight.add_metric(key, node.in_flight)
+            violations.add_metric(key, node.violations)
+            if node.connected:
+                # Labels from the node's HELLO and ACK (a version and a hash, never a token),
+                # cut: the node, not the edge, chose them.
+                agent = (node.agent_version or "")[:MAX_NODE_LABEL]
+                generation = (node.generation_acked or "")[:MAX_NODE_LABEL]
+                info.add_metric([*key, agent, generation], 1)
+        refused = NODE_LINK_REFUSED.empty()
+        for reason, count in sorted(self._refused().items()):
+            refused.add_metric([reason], count)
+        yield connected
+        yield reconnects
+        yield rtt
+        yield link_bytes
+        yield in_flight
+        yield violations
+        yield refused
+        yield info

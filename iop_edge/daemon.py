@@ -51,6 +51,7 @@ from iop_edge.handover.relay import HandoverRelay
 from iop_edge.handover.result import HandedOver
 from iop_edge.link.edge_server import NodeLinkServer, ssl_context
 from iop_edge.link.remote import RemoteNode
+from iop_edge.link.statistics import NodeLinkStatistics
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.options import ServeOptions
 from iop_edge.pool import HealthEvent, ProviderKey
@@ -184,6 +185,8 @@ class Daemon:
             lambda: [listener.statistics() for listener in self.listeners.values()],
             self.handover.statistics,
             config=self.config,
+            nodes=None if self.node_links is None else self.node_links.statistics,
+            node_refusals=lambda: self.node_links.refused if self.node_links else {},
         )
         self.server = OpenAIServer(
             self.config,
@@ -211,6 +214,16 @@ class Daemon:
         """A remote node's link came up or went down: its providers join or leave the pool
         (the link's only write into admission)."""
         self.scheduler.set_connected(node_id, connected)
+
+    def node_statistics(self) -> tuple[NodeLinkStatistics, ...]:
+        """Every node this process serves, in config order: a remote node's link as the node
+        listener sees it, a local node as always connected (it has no link)."""
+        links = self.node_links
+        remote = {} if links is None else {s.node_id: s for s in links.statistics()}
+        return tuple(
+            remote.get(n.id) or NodeLinkStatistics(n.id, remote=False, connected=True)
+            for n in self.config.nodes
+        )
 
     def _nodes_dial_again(self) -> None:
         """This process stopped listening for its successor: the nodes dial the new one
@@ -340,6 +353,7 @@ class Daemon:
                 clock=self.clock,
                 restart=self.handover.restart,
                 handover=self.handover.statistics,
+                nodes=self.node_statistics,
             )
             await self._bind("console", admin.build_app(), config.console.listen, admin_limits)
         if self.node_links is not None:

@@ -18,7 +18,7 @@ the buckets never need to change while the process runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import (
@@ -34,7 +34,12 @@ from prometheus_client import (
 from iop_edge import __version__
 from iop_edge.adapters.base import DEFAULT_REQUEST_TIMEOUT_MS
 from iop_edge.adapters.registry import request_timeout_ms
-from iop_edge.collectors import HandoverCollector, ListenerCollector, StateCollector
+from iop_edge.collectors import (
+    HandoverCollector,
+    ListenerCollector,
+    NodeLinkCollector,
+    StateCollector,
+)
 from iop_edge.config.payload import node_payload
 from iop_edge.config.policy import route_provider
 from iop_edge.pool import PoolStatistics
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
     from iop_edge.api.record import RequestRecord
     from iop_edge.config.schema import EdgeConfig
     from iop_edge.handover.channel import HandoverStatistics
+    from iop_edge.link.statistics import NodeLinkStatistics
     from iop_edge.runtime.listeners import ListenerStatistics
     from iop_edge.supervisor import RefreshRecord, Supervisor
 
@@ -142,7 +148,8 @@ class EdgeMetrics:
 
     ``config`` is the config the process starts with: the duration buckets reach its largest
     ``request_timeout_ms``, and its ``openai.model_routes`` (restart-class) are told apart from
-    providers.
+    providers. ``nodes`` (with ``node_refusals``) reads the remote nodes' links, when the
+    process has a node listener.
     """
 
     def __init__(
@@ -154,6 +161,8 @@ class EdgeMetrics:
         handover: Callable[[], HandoverStatistics | None] | None = None,
         *,
         config: EdgeConfig | None = None,
+        nodes: Callable[[], Iterable[NodeLinkStatistics]] | None = None,
+        node_refusals: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.registry = registry
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` series
@@ -252,6 +261,8 @@ class EdgeMetrics:
             registry.register(ListenerCollector(listeners))
         if handover is not None:
             registry.register(HandoverCollector(handover))
+        if nodes is not None:
+            registry.register(NodeLinkCollector(nodes, node_refusals))
         self._series: dict[tuple[str, str, str], _RequestSeries] = {}
         self._attempts: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._errors: dict[tuple[str, str, str], Any] = {}

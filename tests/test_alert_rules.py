@@ -61,6 +61,26 @@ MUTATIONS = {
         "iop_edge_model_enabled_providers < 3",
         "IopEdgeModelNoProvider",
     ),
+    "remote-node-down-without-waiting": (
+        "iop_edge_node_connected == 0\n        for: 1m",
+        "iop_edge_node_connected == 0\n        for: 0m",
+        "IopEdgeRemoteNodeDown",
+    ),
+    "provider-down-also-for-a-node-that-is-down": (
+        "iop_edge_provider_up == 0 unless on (instance, node) iop_edge_node_connected == 0",
+        "iop_edge_provider_up == 0",
+        "IopEdgeProviderDown",
+    ),
+    "provider-down-hidden-by-another-edge-s-node": (
+        "unless on (instance, node) iop_edge_node_connected",
+        "unless on (node) iop_edge_node_connected",
+        "IopEdgeProviderDown",
+    ),
+    "flapping-too-eager": (
+        "increase(iop_edge_node_reconnects_total[15m]) > 5",
+        "increase(iop_edge_node_reconnects_total[15m]) > 2",
+        "IopEdgeRemoteNodeFlapping",
+    ),
     "ttft-threshold-too-high": (
         "rate(iop_edge_time_to_first_token_seconds_bucket[5m]))) > 10",
         "rate(iop_edge_time_to_first_token_seconds_bucket[5m]))) > 30",

@@ -3,6 +3,7 @@ snapshot, and ``describe()`` names exactly the families ``collect()`` yields."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +17,13 @@ from iop_edge.api.responses_store import ResponsesStore, ResponsesStoreStatistic
 from iop_edge.collectors import (
     HandoverCollector,
     ListenerCollector,
+    NodeLinkCollector,
     ResponsesStoreCollector,
     StateCollector,
 )
 from iop_edge.config import parse_config
 from iop_edge.config.policy import pool_policy
+from iop_edge.link.statistics import NodeLinkStatistics
 from iop_edge.pool import PoolScheduler, PoolStatistics
 from iop_edge.runtime.logs import get_logger
 from iop_edge.supervisor import Supervisor
@@ -88,12 +91,17 @@ class Reads:
         store.put("resp_1", "team", b"{}", [])
         return store.statistics()
 
+    def nodes(self) -> Iterable[NodeLinkStatistics]:
+        self.calls.append("nodes")
+        return [NodeLinkStatistics("gpu", remote=True, connected=True, rtt=0.002)]
+
     def collectors(self) -> list[Collector]:
         return [
             StateCollector(self.statistics, self.supervisor, routes=()),
             ListenerCollector(self.listeners),
             HandoverCollector(self.handover),
             ResponsesStoreCollector(self.responses),
+            NodeLinkCollector(self.nodes),
         ]
 
 
@@ -108,7 +116,7 @@ def test_registering_a_collector_reads_no_snapshot(tmp_path: Path, auto_describe
         registry.register(collector)
     assert reads.calls == []
     scraped = {m.name: m for m in registry.collect()}  # what a scrape reads
-    assert reads.calls == ["pool", "supervisor", "listeners", "handover", "responses"]
+    assert reads.calls == ["pool", "supervisor", "listeners", "handover", "responses", "nodes"]
     assert scraped["iop_edge_queue_depth"].samples[0].value == 0
 
 
@@ -156,3 +164,71 @@ def test_the_responses_store_collector_reads_the_store_s_statistics() -> None:
         for reason in ("lru", "expired", "too_large")
     }
     assert evicted == {"lru": 1, "expired": 1, "too_large": 1}
+
+
+def test_the_node_link_collector_shows_remote_nodes_only() -> None:
+    """Issue 29 item 10: a series per remote node (a local node has no link); the round trip
+    once measured, the agent's info only while its link is up; bytes by direction as the
+    edge sees them; the listener's refusals by reason. Label values come from the node's
+    ``HELLO`` and are cut, since the node chose them."""
+    nodes = [
+        NodeLinkStatistics("local", remote=False, connected=True),
+        NodeLinkStatistics(
+            "gpu",
+            remote=True,
+            connected=True,
+            agent_version="0.2.0",
+            generation="0123456789abcdef",
+            generation_acked="0123456789abcdef",
+            in_flight=3,
+            reconnects=2,
+            rtt=0.0015,
+            bytes_sent=1000,
+            bytes_received=5000,
+            violations=1,
+        ),
+        NodeLinkStatistics(
+            "lab",
+            remote=True,
+            connected=False,
+            agent_version="x" * 300,
+            generation="fedcba9876543210",
+            bytes_sent=7,
+            bytes_received=9,
+            last_down_reason="heartbeat",
+        ),
+    ]
+    registry = CollectorRegistry()
+    refused = {"invalid_node_token": 4, "reconnecting_too_fast": 1}
+    registry.register(NodeLinkCollector(lambda: nodes, lambda: refused))
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for metric in registry.collect()
+        for s in metric.samples
+    }
+    gpu, lab = (("node", "gpu"),), (("node", "lab"),)
+    assert samples == {
+        ("iop_edge_node_connected", gpu): 1,
+        ("iop_edge_node_connected", lab): 0,
+        ("iop_edge_node_reconnects_total", gpu): 2,
+        ("iop_edge_node_reconnects_total", lab): 0,
+        ("iop_edge_node_link_rtt_seconds", gpu): 0.0015,
+        ("iop_edge_node_link_bytes_total", (("direction", "sent"), *gpu)): 1000,
+        ("iop_edge_node_link_bytes_total", (("direction", "received"), *gpu)): 5000,
+        ("iop_edge_node_link_bytes_total", (("direction", "sent"), *lab)): 7,
+        ("iop_edge_node_link_bytes_total", (("direction", "received"), *lab)): 9,
+        ("iop_edge_node_link_in_flight", gpu): 3,
+        ("iop_edge_node_link_in_flight", lab): 0,
+        ("iop_edge_node_link_violations_total", gpu): 1,
+        ("iop_edge_node_link_violations_total", lab): 0,
+        ("iop_edge_node_link_refused_total", (("reason", "invalid_node_token"),)): 4,
+        ("iop_edge_node_link_refused_total", (("reason", "reconnecting_too_fast"),)): 1,
+        (
+            "iop_edge_node_info",
+            (("agent_version", "0.2.0"), ("generation", "0123456789abcdef"), *gpu),
+        ): 1,
+    }
+    nodes[2] = dataclasses.replace(nodes[2], connected=True, generation_acked="f" * 16)
+    (info,) = (m for m in registry.collect() if m.name == "iop_edge_node_info")
+    lab_info = next(s for s in info.samples if s.labels["node"] == "lab")
+    assert lab_info.labels["agent_version"] == "x" * 64

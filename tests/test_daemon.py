@@ -256,6 +256,8 @@ def test_the_alert_rules_cover_the_operational_failures():
         "IopEdgeModelNoProvider",
         "IopEdgeModelPanic",
         "IopEdgeTimeToFirstTokenHigh",
+        "IopEdgeRemoteNodeDown",
+        "IopEdgeRemoteNodeFlapping",
     }
     assert alerts["IopEdgeRestartPending"]["for"] == "1h"
     assert alerts["IopEdgeProviderDown"]["for"] == "5m"
@@ -270,6 +272,8 @@ def test_the_alert_rules_cover_the_operational_failures():
         "IopEdgeModelNoProvider": "iop_edge_model_enabled_providers == 0",
         "IopEdgeModelPanic": "iop_edge_model_panic",
         "IopEdgeTimeToFirstTokenHigh": "iop_edge_time_to_first_token_seconds_bucket",
+        "IopEdgeRemoteNodeDown": "iop_edge_node_connected == 0",
+        "IopEdgeRemoteNodeFlapping": "iop_edge_node_reconnects_total",
     }
     for name, fragment in expected.items():
         assert fragment in alerts[name]["expr"], name

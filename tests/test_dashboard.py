@@ -25,7 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
-from tests.helpers import ROOT, dump, edge_on
+from iop_edge.testing.hostile_node import DialRefused, ScriptedNode
+from tests.helpers import ROOT, dump, edge_on, wait_for
+from tests.helpers.remote_nodes import answering_node, link_url, with_remote_node
 
 DASHBOARD = ROOT / "deploy/grafana/iop-edge.json"
 ALERTS = ROOT / "deploy/prometheus/alerts.yml"
@@ -162,13 +164,22 @@ def group_doc(a: FakeOpenAI, b: FakeOpenAI, capacity: int = 2) -> dict[str, Any]
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, frozenset[str]]:
     """Sample name → its label names, from ``/metrics`` of a daemon after a failover, a
-    stream, a plain answer and an applied reload."""
+    stream, a plain answer and an applied reload, with a remote node connected (its round
+    trip measured) and a node's dial refused."""
 
     async def run() -> str:
         tmp_path = tmp_path_factory.mktemp("exported")
         async with FakeOpenAI() as a, FakeOpenAI() as b:
             a.enqueue(FakeBehavior(status=503))
-            async with edge_on(tmp_path, group_doc(a, b)) as edge:
+            async with (
+                edge_on(tmp_path, with_remote_node(group_doc(a, b))) as edge,
+                answering_node(edge.daemon),
+            ):
+                # the round trip is measured once the node answered a PING; a dial with
+                # another token is refused (and counted)
+                await wait_for(lambda: edge.daemon.node_statistics()[1].rtt is not None)
+                with pytest.raises(DialRefused):
+                    await ScriptedNode.dial(link_url(edge.daemon), "iopn_not-a-node-token")
                 async with openai.AsyncOpenAI(
                     base_url=edge.daemon.openai_url, api_key="x", max_retries=0
                 ) as sdk:
@@ -179,7 +190,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, frozenset[st
                     )
                     async for _ in stream:
                         pass
-                edge.path.write_text(dump(group_doc(a, b, capacity=3)))
+                edge.path.write_text(dump(with_remote_node(group_doc(a, b, capacity=3))))
                 result = await edge.supervisor.refresh("api")
                 assert result.result == "applied"
                 async with (
@@ -243,8 +254,8 @@ def test_the_check_fails_on_an_old_or_unknown_name(exported):
 
 def test_the_dashboard_shows_what_an_operator_looks_at_first():
     """Traffic and errors per model and app, TTFT and latency percentiles, queue depth and
-    waits, slots per provider, health and reloads; every panel on the dashboard's data source,
-    with its own id, inside the 24-column grid."""
+    waits, slots per provider, health, remote nodes' links and reloads; every panel on the
+    dashboard's data source, with its own id, inside the 24-column grid."""
     dashboard = json.loads(DASHBOARD.read_text())
     named: set[str] = set()
     grouped: set[str] = set()
@@ -267,8 +278,13 @@ def test_the_dashboard_shows_what_an_operator_looks_at_first():
         "iop_edge_model_enabled_providers",
         "iop_edge_config_reloads_total",
         "iop_edge_config_last_reload_successful",
+        "iop_edge_node_connected",
+        "iop_edge_node_link_rtt_seconds",
+        "iop_edge_node_link_bytes_total",
+        "iop_edge_node_link_in_flight",
+        "iop_edge_node_reconnects_total",
     } <= named
-    assert {"model", "token_ref", "code", "slot", "le"} <= grouped
+    assert {"model", "token_ref", "code", "slot", "le", "direction"} <= grouped
     panels = list(_panels(dashboard["panels"]))
     assert len({p["id"] for p in panels}) == len(panels)
     for panel in panels:

@@ -12,16 +12,38 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import iop_edge
+from iop_edge.adapters.base import UpstreamReply, Usage
+from iop_edge.link import calls
+from iop_edge.link.protocol import Frame, Kind
 from iop_edge.metrics import latency_buckets
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
+from iop_edge.testing.hostile_node import DialRefused, ScriptedNode
 from tests.helpers import doc_for, dump, edge_on, wait_for
+from tests.helpers.links import TOKENS
+from tests.helpers.remote_nodes import (
+    REMOTE_MODEL,
+    REMOTE_NODE,
+    REMOTE_PROVIDER,
+    answering_node,
+    link_url,
+    node_connected,
+    with_remote_node,
+)
+
+#: The node's answer to the one request of the remote-node test.
+ANSWER = UpstreamReply(200, b'{"choices":[]}', Usage(1, 1))
+
+
+async def scrape_text(url: str) -> str:
+    """``/metrics`` as it is."""
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return await response.text()
 
 
 async def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of ``/metrics`` as ``(name, sorted labels) -> value``."""
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        text = await response.text()
+    text = await scrape_text(url)
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)
@@ -329,3 +351,75 @@ async def test_a_model_left_without_an_enabled_provider_shows_zero(tmp_path):
         after = await edge.metrics()
     key = "iop_edge_model_enabled_providers[('model', 'echo')]"
     assert (before[key], after[key]) == (1, 0)
+
+
+async def test_a_remote_node_s_link_is_exported_while_it_comes_and_goes(tmp_path):
+    """Issue 29 item 10: series for the remote node only (none for the local one); connected
+    0 and its provider down before the node dials; connected, the agent's info, the round
+    trip, bytes by direction and the request in flight once it serves; back to 0 with the
+    bytes kept when it goes, a reconnect counted when it comes back; a dial with a wrong
+    token counted by reason — and no token in any label."""
+    async with edge_on(tmp_path, with_remote_node(doc_for())) as edge:
+        daemon = edge.daemon
+        far = (("node", REMOTE_NODE), ("provider", REMOTE_PROVIDER))
+        n1 = (("node", REMOTE_NODE),)
+        before = await scrape(daemon.metrics_url)
+        assert before[("iop_edge_node_connected", n1)] == 0
+        assert before[("iop_edge_node_reconnects_total", n1)] == 0
+        assert before[("iop_edge_provider_up", far)] == 0  # disconnected: out of the pool
+        assert before[("iop_edge_provider_up", (("node", "local"), ("provider", "cat")))] == 1
+        nodes = {dict(labels).get("node") for (name, labels) in before if "_node_" in name}
+        assert nodes == {REMOTE_NODE}  # (none for the local node)
+        assert not any(name == "iop_edge_node_link_rtt_seconds" for name, _ in before)
+        assert not any(name == "iop_edge_node_info" for name, _ in before)
+
+        with pytest.raises(DialRefused):
+            await ScriptedNode.dial(link_url(daemon), "iopn_not-a-token-of-this-edge")
+        async with answering_node(daemon) as node, aiohttp.ClientSession() as http:
+            await wait_for(lambda: daemon.node_statistics()[1].rtt is not None)
+            asked = asyncio.create_task(
+                http.post(
+                    daemon.openai_url + "/chat/completions",
+                    json={"model": REMOTE_MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                )
+            )
+            req = await node.next_frame()
+            assert req is not None
+            assert req.kind is Kind.REQ
+            up = await scrape(daemon.metrics_url)
+            meta = calls.reply_meta(ANSWER)
+            await node.node.send(
+                Frame(Kind.RESP_REPLY, stream=req.stream, meta=meta, data=ANSWER.body)
+            )
+            await asked
+        await wait_for(lambda: not node_connected(daemon))
+        down = await scrape(daemon.metrics_url)
+        async with answering_node(daemon):
+            again = await scrape(daemon.metrics_url)
+        text = await scrape_text(daemon.metrics_url)
+
+    assert up[("iop_edge_node_connected", n1)] == 1
+    assert up[("iop_edge_provider_up", far)] == 1
+    assert up[("iop_edge_node_link_in_flight", n1)] == 1
+    assert 0 < up[("iop_edge_node_link_rtt_seconds", n1)] < 15
+    generation = daemon.node_statistics()[1].generation
+    assert generation is not None
+    info = (("agent_version", "test"), ("generation", generation), *n1)
+    assert up[("iop_edge_node_info", info)] == 1
+    sent, received = (
+        up[("iop_edge_node_link_bytes_total", (("direction", d), *n1))]
+        for d in ("sent", "received")
+    )
+    assert sent > 0
+    assert received > 0
+    refused = (("reason", "invalid_node_token"),)
+    assert up[("iop_edge_node_link_refused_total", refused)] == 1
+
+    assert down[("iop_edge_node_connected", n1)] == 0
+    assert down[("iop_edge_provider_up", far)] == 0
+    assert down[("iop_edge_node_link_in_flight", n1)] == 0
+    assert down[("iop_edge_node_link_bytes_total", (("direction", "sent"), *n1))] >= sent
+    assert not any(name == "iop_edge_node_info" for name, _ in down)
+    assert again[("iop_edge_node_connected", n1)] == 1
+    assert again[("iop_edge_node_reconnects_total", n1)] == 1
+    assert TOKENS[REMOTE_NODE] not in text

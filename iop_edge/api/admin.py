@@ -2,8 +2,11 @@
 
 - ``GET /admin/status``: the running config (hash, generation, restart-pending paths, the last
   refresh) and the scheduler (queue depth, every provider's slots and health, each model
-  group's panic flag, the principals, the counters), the serving process's ``pid`` and the
-  handover it took over by (``handover``, or ``null``). Times are wall-clock ISO 8601 (UTC).
+  group's panic flag, the principals, the counters), the serving process's ``pid``, the
+  handover it took over by (``handover``, or ``null``) and every node (``nodes``: local, or
+  remote with its link — connected since, peer, agent, payload generation acknowledged, in
+  flight, round trip, bytes, the last time it went down and why). Times are wall-clock ISO
+  8601 (UTC).
 - ``POST /admin/config/refresh?mode=dry_run|apply``: read the config file and refresh; the
   answer is the refresh result (any other mode is ``rejected``). With a JSON body
   ``{"candidate": TEXT, "source": NAME}`` and ``mode=dry_run`` the candidate TEXT is judged
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +55,25 @@ from iop_edge.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from iop_edge.handover.result import RestartResult
+    from iop_edge.link.statistics import NodeLinkStatistics
 
 _JSON = "application/json"
+#: A node's fields that only a remote node's link fills (``null`` for a local node).
+_LINK_FIELDS = (
+    "connected_since",
+    "peer",
+    "agent_version",
+    "protocol",
+    "generation",
+    "generation_acked",
+    "in_flight",
+    "reconnects",
+    "rtt_ms",
+    "bytes_sent",
+    "bytes_received",
+    "violations",
+    "last_down",
+)
 
 #: The largest refresh request body: the largest config file, JSON-escaped (a newline or a
 #: quote takes two bytes), and its name. The candidate itself is held to the file's limit.
@@ -74,7 +94,8 @@ class AdminAPI:
     """Handlers of the admin listener.
 
     ``console`` is the section the listener was started with (restart-class: a refresh never
-    changes it); by default the supervisor's running config's.
+    changes it); by default the supervisor's running config's. ``nodes`` gives every node of
+    the process, local ones included (``remote=False``); without it ``nodes`` is empty.
     """
 
     def __init__(
@@ -87,9 +108,11 @@ class AdminAPI:
         clock: Clock,
         restart: Callable[[], Awaitable[RestartResult]] | None = None,
         handover: Callable[[], HandoverStatistics | None] | None = None,
+        nodes: Callable[[], Sequence[NodeLinkStatistics]] | None = None,
     ) -> None:
         self.edge_id = edge_id
         self.handover = handover
+        self.nodes = nodes
         self.restart_edge = restart
         self.supervisor = supervisor
         self.scheduler = scheduler
@@ -137,6 +160,7 @@ class AdminAPI:
                 "max_queue": stats.max_queue,
                 "queue_timeout_ms": stats.queue_timeout_ms,
             },
+            "nodes": [self._node(n) for n in (self.nodes() if self.nodes else ())],
             "providers": [self._provider(p) for p in stats.providers],
             "models": [
                 {
@@ -185,6 +209,35 @@ class AdminAPI:
             "inherited_held": taken.inherited_held,
             "relayed_requests": taken.relayed_requests,
             "old_running": taken.old_running,
+        }
+
+    def _node(self, n: NodeLinkStatistics) -> dict[str, Any]:
+        """One node: a local one is always connected and has no link (its link fields are
+        ``null``)."""
+        if not n.remote:
+            return {"id": n.node_id, "kind": "local", "connected": True} | dict.fromkeys(
+                _LINK_FIELDS
+            )
+        down = None
+        if n.last_down_at is not None:
+            down = {"at": self._wall(n.last_down_at), "reason": n.last_down_reason}
+        return {
+            "id": n.node_id,
+            "kind": "remote",
+            "connected": n.connected,
+            "connected_since": self._wall(n.connected_since),
+            "peer": n.peer,
+            "agent_version": n.agent_version,
+            "protocol": n.protocol,
+            "generation": n.generation,
+            "generation_acked": n.generation_acked,
+            "in_flight": n.in_flight,
+            "reconnects": n.reconnects,
+            "rtt_ms": None if n.rtt is None else round(n.rtt * 1000, 3),
+            "bytes_sent": n.bytes_sent,
+            "bytes_received": n.bytes_received,
+            "violations": n.violations,
+            "last_down": down,
         }
 
     def _provider(self, p: ProviderStatistics) -> dict[str, Any]:

@@ -132,6 +132,7 @@ def format_status(status: dict[str, Any]) -> str:
     if pending:
         lines.append(f"restart pending for {len(pending)} change(s):")
         lines += [f"  {p['path']}: {cell(p['old'])} -> {cell(p['new'])}" for p in pending]
+    lines += node_lines(status.get("nodes", ()))
     rows = [("NODE", "PROVIDER", "STATUS", "HEALTH", "IN_FLIGHT", "CAPACITY", "LONG", "PRIORITY")]
     rows += [
         (
@@ -167,6 +168,61 @@ def format_status(status: dict[str, Any]) -> str:
         f"{rejected or 'none'}"
     )
     return "\n".join(lines)
+
+
+def node_lines(nodes: Sequence[dict[str, Any]]) -> list[str]:
+    """The nodes: with only local ones, one line naming them; with a remote one, a table (a
+    row per node, ``-`` where a local node has no link), then a line for each remote node
+    that is down (since when and why), runs another payload generation, or reconnected."""
+    if not nodes:
+        return []
+    if all(n["kind"] == "local" for n in nodes):
+        return ["", f"nodes: {', '.join(n['id'] for n in nodes)} (local, in this process)"]
+
+    def shown(value: object) -> str:
+        return "-" if value is None else str(value)
+
+    rows = [
+        ("NODE", "KIND", "CONNECTED", "SINCE", "PEER", "AGENT", "GENERATION", "IN_FLIGHT", "RTT")
+    ]
+    for n in nodes:
+        rtt = n.get("rtt_ms")
+        rows.append(
+            (
+                n["id"],
+                n["kind"],
+                "yes" if n["connected"] else "no",
+                shown(n.get("connected_since")),
+                shown(n.get("peer")),
+                cell(n.get("agent_version")),
+                shown(n.get("generation_acked")),
+                shown(n.get("in_flight")),
+                "-" if rtt is None else f"{rtt:.2f} ms",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [""]
+    lines += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
+    for n in (n for n in nodes if n["kind"] == "remote"):
+        name, down = n["id"], n.get("last_down")
+        if n["connected"] and n.get("generation_acked") != n.get("generation"):
+            lines.append(
+                f"node {name}: acknowledged payload generation {n.get('generation_acked')}; "
+                f"the edge's is {n.get('generation')}"
+            )
+        elif not n["connected"]:
+            since = (
+                f"since {down['at']} ({down['reason']})"
+                if down
+                else "(no link since the edge started)"
+            )
+            lines.append(
+                f"node {name}: disconnected {since}: its providers are out of the pool until "
+                "its iop-node dials in again"
+            )
+        if n.get("reconnects"):
+            lines.append(f"node {name}: reconnected {n['reconnects']} time(s) in this process")
+    return lines
 
 
 def principal_lines(principals: Sequence[dict[str, Any]]) -> list[str]:
