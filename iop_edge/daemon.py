@@ -43,7 +43,7 @@ from iop_edge.collectors import ResponsesStoreCollector
 from iop_edge.config.payload import NodeConfigPayload, payload_generation
 from iop_edge.config.policy import pool_policy
 from iop_edge.config.schema import EdgeConfig
-from iop_edge.config.validate import is_loopback
+from iop_edge.config.validate import config_warnings, is_loopback
 from iop_edge.envelope import envelope
 from iop_edge.errors import RequestError
 from iop_edge.handover.coordinator import HandoverCoordinator
@@ -405,6 +405,8 @@ class Daemon:
             config_watch=self.supervisor.watching,
             **{name: listener.url for name, listener in self.listeners.items()},
         )
+        for problem in config_warnings(config):
+            self.log.warning("config_warning", path=problem.path, message=problem.message)
 
     def _record_console(self) -> None:
         """Tell the command line where this daemon's admin API is (never fatal)."""

@@ -92,7 +92,27 @@ def test_every_shipped_config_validates_with_an_empty_environment(config):
 
 def test_validate_json_on_a_valid_file():
     result = run("config", "validate", SHIPPED, "--json")
-    assert (result.returncode, json.loads(result.stdout)) == (0, {"valid": True, "errors": []})
+    assert (result.returncode, json.loads(result.stdout)) == (
+        0,
+        {"valid": True, "errors": [], "warnings": []},
+    )
+
+
+def test_validate_names_what_is_set_but_has_no_effect(tmp_path):
+    """Issue 29 item 1: ``listen.tls`` with no node listener to serve is valid, and validate
+    says it is unused (a line on stdout, the ``warnings`` list in JSON)."""
+    doc = yaml.safe_load(Path(SHIPPED).read_text())
+    doc["listen"] = {"tls": {"cert_file": "/etc/edge.pem", "key_file": "/etc/edge.key"}}
+    config = tmp_path / "edge.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    result = run("config", "validate", str(config))
+    assert result.returncode == 0
+    assert result.stdout.splitlines()[0] == f"{config}: valid"
+    assert result.stdout.splitlines()[1].startswith(
+        "warning: listen.tls: is set but the node listener does not open"
+    )
+    [warning] = json.loads(run("config", "validate", str(config), "--json").stdout)["warnings"]
+    assert warning["path"] == "listen.tls"
 
 
 def test_validate_a_missing_file_exits_1_naming_it(tmp_path):

@@ -29,6 +29,7 @@ from iop_edge.config import ConfigError, EdgeConfig, dump_config
 from iop_edge.config.payload import node_payload
 from iop_edge.config.redact import redact
 from iop_edge.config.refresh import Outcome, RefreshResult, refresh
+from iop_edge.config.validate import config_warnings
 from iop_edge.config_file import load_config_file, read_config_text, read_secret_file
 
 #: What ``config refresh`` exits with for each refresh result.
@@ -49,14 +50,18 @@ def read_config(path: str, env: Mapping[str, str] | None = None) -> EdgeConfig:
 def cmd_config_validate(args: argparse.Namespace) -> int:
     """``iop-edge config validate [FILE] [--json]``."""
     try:
-        read_config(args.file)
+        config = read_config(args.file)
     except ConfigError as exc:
         print_problems(exc, args.json)
         return EXIT_INVALID
+    warnings = config_warnings(config)
     if args.json:
-        print(json.dumps({"valid": True, "errors": []}, indent=2))
+        listed = [{"path": p.path, "message": p.message} for p in warnings]
+        print(json.dumps({"valid": True, "errors": [], "warnings": listed}, indent=2))
     else:
         print(f"{args.file}: valid")
+        for problem in warnings:
+            print(f"warning: {problem}")
     return EXIT_OK
 
 

@@ -139,3 +139,21 @@ async def test_the_link_going_up_and_down_is_logged_per_provider() -> None:
         ("provider_connected", "info", "far"),
         ("provider_disconnected", "warning", "far"),
     ]
+
+
+async def test_a_config_warning_is_logged_at_start() -> None:
+    """Issue 29 item 1: ``listen.tls`` set while the node listener does not open runs (a
+    warning, not an error), and the daemon says so at start, naming the path; a config whose
+    TLS serves logs no warning."""
+    log = LogCapture()
+    configure_logging("debug", "json", log)
+    doc = doc_for()
+    doc["listen"] = {"tls": {"cert_file": "/nonexistent/edge.pem", "key_file": "/none/edge.key"}}
+    async with running_edge(doc) as daemon:
+        assert "nodes" not in daemon.listeners
+        flush_logs()
+    async with running_edge(remote_doc()):
+        flush_logs()
+    events = [orjson.loads(line) for line in log.getvalue().splitlines()]
+    warnings = [(e["level"], e["path"]) for e in events if e["event"] == "config_warning"]
+    assert warnings == [("warning", "listen.tls")]
