@@ -16,6 +16,7 @@ its row allows; and the table names nothing that does not exist.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -211,3 +212,22 @@ def test_the_checker_catches_a_forbidden_import(rooms):
 
 def test_table_path_is_the_docs_page():
     assert Path(__file__).resolve().parents[1] / "docs" / "architecture.md" == TABLE
+
+
+def test_no_module_binds_a_logger_at_import():
+    """structlog caches a logger on its first use with the configuration of that moment: one
+    bound at import keeps the first stream and level for the life of the process, so a later
+    ``configure_logging`` (the daemon's, a test's) never reaches it. Loggers are got where they
+    are used, or bound per instance."""
+    bound = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if (
+                isinstance(node, ast.Assign | ast.AnnAssign)
+                and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", getattr(node.value.func, "attr", "")).endswith(
+                    "get_logger"
+                )
+            ):
+                bound.append(f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}")
+    assert bound == []

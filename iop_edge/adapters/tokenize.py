@@ -62,8 +62,6 @@ TokenizerDialect = Literal["vllm", "llama_cpp"]
 _DIALECTS: Final[tuple[TokenizerDialect, ...]] = ("vllm", "llama_cpp")
 _ABSENT_STATUSES: Final = frozenset({404, 405})
 
-_log = get_logger("adapters")
-
 
 class _Miss(Exception):
     """One dialect did not give a count: ``absent`` when its endpoint is not there (to be
@@ -200,7 +198,11 @@ class UpstreamTokenizer:
         return answer
 
     def _debug(self, reason: str) -> None:
-        _log.debug("upstream_token_count_unavailable", provider=self._target.label, reason=reason)
+        # Got here, not at import: a logger cached at import keeps the first configuration's
+        # stream and level (structlog caches on first use), whatever is configured later.
+        get_logger("adapters").debug(
+            "upstream_token_count_unavailable", provider=self._target.label, reason=reason
+        )
 
 
 def _refused(path: str, reply: UpstreamReply) -> _Miss:
