@@ -20,11 +20,15 @@ from typing import Any
 from iop_edge.testing.leaks import BOUND, children_of, wait_for
 from iop_edge.testing.raw_http import raw_answer
 
+LISTENERS = ("openai", "console", "metrics", "nodes")
+"""The listeners whose addresses :class:`EdgeProcess` keeps from the ``listening`` event."""
+
 
 @dataclass
 class EdgeProcess:
     """``iop-edge serve`` running as a subprocess: every stderr line it wrote so far, and the
-    addresses of its ``listening`` event (``openai``, ``console``, ``metrics``)."""
+    addresses of its ``listening`` event (``openai``, ``console``, ``metrics``, and ``nodes``,
+    the node listener, when a node is remote)."""
 
     process: subprocess.Popen[str]
     lines: list[str]
@@ -62,9 +66,7 @@ def edge_process(config: Path) -> Iterator[EdgeProcess]:
             if not listening.is_set() and '"listening"' in line:
                 with contextlib.suppress(ValueError):
                     event = json.loads(line)
-                    addresses.update(
-                        {k: v for k, v in event.items() if k in ("openai", "console", "metrics")}
-                    )
+                    addresses.update({k: v for k, v in event.items() if k in LISTENERS})
                     listening.set()
 
     reader = threading.Thread(target=drain, daemon=True)
