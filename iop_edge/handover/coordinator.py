@@ -238,8 +238,13 @@ class HandoverCoordinator:
         for name, listener in self.listeners.items():
             if name == "openai":
                 listener.stop_listening()  # (what comes on kept-alive connections is relayed)
+            elif name == "nodes":
+                # Only the listening socket: a node link carries requests in flight here until
+                # this process is idle and its drain closes it. (stop_accepting would mark the
+                # connections closing, and aiohttp then drops what they receive: the links'
+                # answers and pongs, until the heartbeat declares them dead.)
+                listener.stop_listening()
             else:  # the admin and metrics answer from new: close the idle connections here
-                # (node links run on: their handlers are busy until the edge closes them)
                 listener.stop_accepting()
         if self._on_stop_listening is not None:
             # Nodes dial the new process now; their old links serve until idle.

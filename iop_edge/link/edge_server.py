@@ -7,7 +7,9 @@ A link's life, on the edge:
    up among the config's node hashes. Unknown → ``401`` ``invalid_node_token`` with no
    WebSocket allocated; more than :data:`MAX_CONNECTS` dials of one node within
    :data:`CONNECT_WINDOW_SECONDS` → ``429`` ``reconnecting_too_fast``. The token is never
-   logged or echoed (the listener keeps no access log).
+   logged or echoed (the listener keeps no access log); an unknown one is logged
+   ``node_link_refused`` with the peer (rate-limited: a flood of bad dials writes a line every
+   10 s, with its ``count``).
 2. **Handshake.** ``HELLO`` within ``hello_timeout_ms`` (else closed, ``hello_timeout``);
    another protocol version → ``REFUSED{protocol}`` naming both, close 4002; then ``WELCOME``
    (node id, heartbeat, limits) and ``PAYLOAD`` (the node's own payload and its generation;
@@ -65,7 +67,7 @@ from iop_edge.link.protocol import (
 )
 from iop_edge.link.remote import LinkInfo, RemoteNode
 from iop_edge.link.statistics import NodeLinkStatistics
-from iop_edge.runtime.logs import Logger, get_logger
+from iop_edge.runtime.logs import Logger, RateLimiter, get_logger
 from iop_edge.tokens import token_hash
 
 if TYPE_CHECKING:
@@ -163,6 +165,7 @@ class NodeLinkServer:
         self._violations: Counter[str] = Counter()
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._limiter = RateLimiter(clock=clock.now)
         #: links refused before a node was known, by reason (401, 429, stopping)
         self.refused: Counter[str] = Counter()
 
@@ -232,6 +235,17 @@ class NodeLinkServer:
         node_id = self._by_hash.get(_token_hash(request.headers.get("Authorization")))
         if node_id is None:
             self.refused["invalid_node_token"] += 1
+            count = self._limiter.allow("invalid_node_token")
+            if count:
+                self.log.warning(
+                    "node_link_refused",
+                    reason="invalid_node_token",
+                    peer=_peer(request),
+                    count=count,
+                    message="a dial with a token that matches no nodes[].token_hash_sha256 of "
+                    "this edge was refused (401): a removed node, a rotated token whose file "
+                    "the node still holds, or a config not applied yet (iop-edge restart)",
+                )
             return _error(
                 401,
                 "invalid_node_token",

@@ -198,3 +198,28 @@ async def test_the_token_never_reaches_the_log(log_stream: io.StringIO) -> None:
     assert "node_link_violation" in log
     for token in (*TOKENS.values(), "iopn_a-wrong-token-that-must-stay-out"):
         assert token not in log
+
+
+async def test_a_dial_with_an_unknown_token_is_logged_at_most_every_10_s(
+    log_stream: io.StringIO,
+) -> None:
+    """Issue 29 item 9: a dial with a token that matches no node is logged
+    ``node_link_refused`` with its reason and the peer, never the token; a flood of them writes
+    one line every 10 s (of the injected clock) whose ``count`` says how many it stands for."""
+    clock = FakeClock()
+    async with edge_links(CONFIG, clock=clock) as links:
+        for _ in range(3):
+            with pytest.raises(DialRefused):
+                await ScriptedNode.dial(links.url, "iopn_flooding-token-0001")
+        clock.advance(10)
+        with pytest.raises(DialRefused):
+            await ScriptedNode.dial(links.url, "iopn_flooding-token-0001")
+        assert links.server.refused["invalid_node_token"] == 4
+    lines = [orjson.loads(line) for line in log_stream.getvalue().splitlines()]
+    refused = [line for line in lines if line["event"] == "node_link_refused"]
+    assert [(r["reason"], r["count"]) for r in refused] == [
+        ("invalid_node_token", 1),
+        ("invalid_node_token", 3),
+    ]
+    assert refused[0]["peer"].startswith("127.0.0.1")
+    assert "iopn_flooding-token-0001" not in log_stream.getvalue()
