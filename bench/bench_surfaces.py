@@ -82,7 +82,7 @@ from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from check import BrokenRun, ForeignLoad, git_rev, measure_cell
+from check import BrokenRun, git_rev, measure_cell, quiet_rounds
 from peers import (
     MODEL,
     NATIVE_MODEL,
@@ -483,9 +483,7 @@ def measure(options: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
     """Start the fake and the edge, run the rounds; the cells and the run's meta.
 
     A round during which other work took more than ``--max-other-work`` % of one of the run's
-    cores is measured again (up to ``--rounds`` more times in all): on this shared machine a
-    neighbour's test run moves one scenario's CPU per request by a third, and the figures
-    would say more about the neighbour than about the edge.
+    cores is measured again (:func:`check.quiet_rounds`).
     """
     bench_options = proxy_bench_options(
         [
@@ -505,8 +503,6 @@ def measure(options: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
     cell_groups = groups(options.api)
     rounds: Rounds = {group.key: {name: [] for name in group.scenarios} for group in cell_groups}
     started = time.monotonic()
-    kept: list[dict[str, float]] = []
-    discarded: list[dict[str, float]] = []
     with ProcessSet() as processes:
         bench = Bench(bench_options, processes, workdir)
         bench.echo = False
@@ -527,32 +523,21 @@ def measure(options: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
             raise BrokenRun(f"a target did not start: {exc}") from exc
         assert edge.process is not None
         assert bench.fake.process is not None
-        attempt = 0
-        while len(kept) < options.rounds and attempt < 2 * options.rounds:
-            label = f"round {len(kept) + 1}/{options.rounds}"
-            foreign = ForeignLoad(proxy_core, load_core)
-            edge_cpu, fake_cpu = edge.process.cpu_seconds(), bench.fake.process.cpu_seconds()
-            cells = _measure_round(bench, edge, cell_groups, len(kept) + len(discarded), label)
-            running = {}
-            if proxy_core is not None and load_core is not None:
-                running[proxy_core] = edge.process.cpu_seconds() - edge_cpu
-                running[load_core] = bench.fake.process.cpu_seconds() - fake_cpu
-            other = foreign.percent(running)
-            attempt += 1
-            if any(pct > options.max_other_work for pct in other.values()):
-                discarded.append(other)
-                shares = ", ".join(f"{core} {pct:.0f} %" for core, pct in other.items())
-                print(f"  {label}: other work took {shares}: measured again", flush=True)
-                continue
-            kept.append(other)
-            for key, scenarios in cells.items():
-                for name, cell in scenarios.items():
-                    rounds[key][name].append(cell)
-    if not kept:
-        raise BrokenRun(
-            f"other work took more than {options.max_other_work:.0f} % of a core in each of "
-            f"{len(discarded)} rounds; run it again when the machine is quiet"
+        running = {}
+        if proxy_core is not None and load_core is not None:
+            running = {proxy_core: [edge.process], load_core: [bench.fake.process]}
+        done = quiet_rounds(
+            options.rounds,
+            lambda index, label: _measure_round(bench, edge, cell_groups, index, label),
+            proxy_core=proxy_core,
+            load_core=load_core,
+            running=running,
+            max_other_work=options.max_other_work,
         )
+    for cells in done.results:
+        for key, scenarios in cells.items():
+            for name, cell in scenarios.items():
+                rounds[key][name].append(cell)
     info.update(
         command=" ".join(["bench/bench_surfaces.py", *options.argv]),
         git_rev=git_rev(),
@@ -562,12 +547,12 @@ def measure(options: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
         ),
         load_generator="bench/loadgen.py --engine python (--api chat | messages | responses)",
         surfaces=list(options.api),
-        rounds=len(kept),
+        rounds=len(done.results),
         rounds_asked=options.rounds,
-        rounds_discarded_busy=len(discarded),
+        rounds_discarded_busy=len(done.discarded),
         elapsed_s=round(time.monotonic() - started, 1),
-        other_work_pct_per_round=kept,
-        other_work_pct_discarded=discarded,
+        other_work_pct_per_round=done.other_work,
+        other_work_pct_discarded=done.discarded,
     )
     return rounds, info
 

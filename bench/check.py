@@ -34,15 +34,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import MODEL, ROOT, ProcessSet, Target, have_taskset, start_fake
+from peers import MODEL, ROOT, BenchProcess, ProcessSet, Target, have_taskset, start_fake
 from proxy_bench import RESULTS, Bench, meta
 from proxy_bench import parse_options as proxy_bench_options
 from regression import (
@@ -72,6 +73,7 @@ UPDATE_ROUNDS = 2 * CHECK_ROUNDS
 """The baseline is measured rarely and judged against every run: twice the rounds (about 3.5
 minutes) make it a steadier centre, so a check run's own noise is most of what it meets."""
 MAX_OTHER_WORK_PCT = 15.0
+R = TypeVar("R")
 
 
 class BrokenRun(Exception):
@@ -160,6 +162,63 @@ class ForeignLoad:
         return {name: round(max(0.0, value) / wall * 100, 1) for name, value in foreign.items()}
 
 
+@dataclass
+class QuietRounds(Generic[R]):
+    """What :func:`quiet_rounds` measured: the rounds kept, and other work's share of each
+    core (in %) in each round kept and each thrown away."""
+
+    results: list[R]
+    other_work: list[dict[str, float]]
+    discarded: list[dict[str, float]]
+
+
+def quiet_rounds(
+    count: int,
+    measure_round: Callable[[int, str], R],
+    *,
+    proxy_core: int | None,
+    load_core: int | None,
+    running: Mapping[int, Sequence[BenchProcess]],
+    max_other_work: float,
+) -> QuietRounds[R]:
+    """Measure ``count`` rounds, each by ``measure_round(index, label)`` (``index`` counts
+    every round measured so far, thrown away or not; ``label`` says "round 2/7").
+
+    A round during which other work took more than ``max_other_work`` % of one of the run's
+    cores (:class:`ForeignLoad`; ``running``: this run's processes still running, by the core
+    they are pinned to) is thrown away and measured again, up to ``count`` more times in all:
+    on this shared machine a neighbour's test run moves a CPU per request by a third, and the
+    figures would say more about the neighbour than about the edge. :class:`BrokenRun` when
+    no round was quiet.
+    """
+    done = QuietRounds[R]([], [], [])
+    for attempt in range(2 * count):
+        if len(done.results) == count:
+            break
+        label = f"round {len(done.results) + 1}/{count}"
+        foreign = ForeignLoad(proxy_core, load_core)
+        before = {core: [p.cpu_seconds() for p in group] for core, group in running.items()}
+        result = measure_round(attempt, label)
+        used = {
+            core: sum(p.cpu_seconds() for p in group) - sum(before[core])
+            for core, group in running.items()
+        }
+        other = foreign.percent(used)
+        if any(pct > max_other_work for pct in other.values()):
+            done.discarded.append(other)
+            shares = ", ".join(f"{core} {pct:.0f} %" for core, pct in other.items())
+            print(f"  {label}: other work took {shares}: measured again", flush=True)
+            continue
+        done.results.append(result)
+        done.other_work.append(other)
+    if not done.results:
+        raise BrokenRun(
+            f"other work took more than {max_other_work:.0f} % of a core in each of "
+            f"{len(done.discarded)} rounds; run it again when the machine is quiet"
+        )
+    return done
+
+
 def measure_cell(
     bench: Bench,
     target: Target,
@@ -170,16 +229,25 @@ def measure_cell(
     model: str = MODEL,
     store: bool = False,
     label: str | None = None,
+    loadgen_args: Sequence[str] = (),
+    others: Mapping[str, BenchProcess] | None = None,
 ) -> dict[str, Any]:
     """One cell, checked (:class:`BrokenRun` when a request failed or no CPU was measured);
     measured once more when the machine stalled through its window. ``label`` names the cell
-    in errors (default: the target, mode and concurrency); ``api``, ``model`` and ``store`` are
-    :meth:`Bench.measure`'s."""
+    in errors (default: the target, mode and concurrency); ``api``, ``model``, ``store``,
+    ``loadgen_args`` and ``others`` are :meth:`Bench.measure`'s."""
     label = label or f"{target.name} {'stream' if stream else 'plain'} c={concurrency}"
     for attempt in (1, 2):
         try:
             cell = bench.measure(
-                target, stream=stream, concurrency=concurrency, api=api, model=model, store=store
+                target,
+                stream=stream,
+                concurrency=concurrency,
+                api=api,
+                model=model,
+                store=store,
+                loadgen_args=loadgen_args,
+                others=others,
             )
         except (RuntimeError, OSError, ValueError) as exc:
             raise BrokenRun(f"{label}: the load generator failed: {exc}") from exc

@@ -21,13 +21,19 @@ last event is another, ``response.incomplete`` say), ``disconnected``, ``timeout
 Latency is the time to the full response (non-streaming) or the end of the stream (streaming);
 ``ttfb`` is the time to the response headers (non-streaming) or the first body chunk
 (streaming). Output fields: ``requests`` (successes in the window), ``errors`` (by kind),
-``rps``, ``latency_ms`` and ``ttfb_ms`` (p50/p90/p99/max/mean), ``total_completed`` (every
+``rps``, ``finished_rps`` (successes that *ended* in the window, whenever they started, per
+second: the throughput, which ``rps`` understates when a request lasts a good part of the
+window), ``latency_ms`` and ``ttfb_ms`` (p50/p90/p99/max/mean), ``total_completed`` (every
 request finished, warm-up included, for per-request CPU figures) and ``client_cpu_s``.
 
 ``--engine wrk`` drives the same requests with wrk (one thread, C, much cheaper per request
 than this Python client, so more of a shared core is left to the upstream) through a Lua
 script that applies the same success rules to each response body; it reports no ``ttfb``, and
 its durations are whole seconds. The warm-up is a separate wrk run first.
+
+``--fake-behavior QUERY`` puts a ``[[fake:QUERY]]`` directive before the prompt: the fake
+upstreams of ``iop_edge.testing`` (behind any proxy that passes the conversation on) then answer
+as told, ``chunks=500`` say (with ``--max-tokens`` at least as large).
 
 ``--park N --model GROUP`` instead opens N requests that are expected to wait (a model group
 whose one slot is held), prints ``{"parked": N}`` once all were sent, and keeps them open until
@@ -110,6 +116,8 @@ class WorkerStats:
     ttfbs: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     completed_total: int = 0
+    finished_in_window: int = 0
+    """Successes that ended inside the window, whenever they started."""
     first_error: str | None = None
 
 
@@ -244,7 +252,11 @@ async def _worker(
         stats.completed_total += 1
         if kind is not None and stats.first_error is None:
             stats.first_error = f"{kind}: {detail}"
-        if started < start_window or finished > end_window:
+        if finished > end_window:
+            continue
+        if kind is None and finished >= start_window:
+            stats.finished_in_window += 1
+        if started < start_window:
             continue
         if kind is None:
             stats.latencies.append(finished - started)
@@ -254,6 +266,13 @@ async def _worker(
             stats.errors[kind] = stats.errors.get(kind, 0) + 1
             if kind in ("connect",):
                 await asyncio.sleep(0.01)  # do not spin on a dead target
+
+
+def load_prompt(options: argparse.Namespace) -> str:
+    """The prompt sent: :data:`PROMPT`, after the ``--fake-behavior`` directive if any."""
+    if options.fake_behavior:
+        return f"[[fake:{options.fake_behavior}]] {PROMPT}"
+    return PROMPT
 
 
 def request_parts(options: argparse.Namespace, prompt: str) -> tuple[str, bytes, dict[str, str]]:
@@ -282,7 +301,7 @@ def request_parts(options: argparse.Namespace, prompt: str) -> tuple[str, bytes,
 
 async def run_load(options: argparse.Namespace) -> dict[str, Any]:
     """Run the closed loop and return the summary."""
-    url, body, headers = request_parts(options, PROMPT)
+    url, body, headers = request_parts(options, load_prompt(options))
     connector = aiohttp.TCPConnector(limit=options.concurrency, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=options.request_timeout)
     stats = WorkerStats()
@@ -325,6 +344,7 @@ async def run_load(options: argparse.Namespace) -> dict[str, Any]:
         "errors_total": errors_total,
         "first_error": stats.first_error,
         "rps": round(len(stats.latencies) / options.duration, 1),
+        "finished_rps": round(stats.finished_in_window / options.duration, 2),
         "latency_ms": _percentiles(stats.latencies),
         "ttfb_ms": _percentiles(stats.ttfbs),
         "total_completed": stats.completed_total,
@@ -400,7 +420,7 @@ def _wrk_once(
 
 def run_wrk(options: argparse.Namespace) -> dict[str, Any]:
     """Run the load with wrk (see the module docstring) and return the same summary."""
-    url, body, headers = request_parts(options, PROMPT)
+    url, body, headers = request_parts(options, load_prompt(options))
     lua_headers = ", ".join(f"[{_lua_string(k)}] = {_lua_string(v)}" for k, v in headers.items())
     script_text = (
         f"BODY = {_lua_string(body.decode())}\nHEADERS = {{{lua_headers}}}\n"
@@ -446,6 +466,7 @@ def run_wrk(options: argparse.Namespace) -> dict[str, Any]:
         "errors_total": sum(errors.values()),
         "first_error": main["first"] or None,
         "rps": round(ok / duration, 1),
+        "finished_rps": round(ok / duration, 2),  # (wrk counts what ended in its run)
         "latency_ms": latency,
         "ttfb_ms": _percentiles([]),
         "total_completed": warm["requests"] + main["requests"],
@@ -519,6 +540,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --api responses: store: true (the edge keeps each response); else false",
     )
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--fake-behavior",
+        metavar="QUERY",
+        default="",
+        help="a [[fake:QUERY]] directive before the prompt (chunks=500: a fake upstream of "
+        "iop_edge.testing streams 500 chunks)",
+    )
     parser.add_argument("--request-timeout", type=float, default=30.0, help="seconds")
     parser.add_argument(
         "--engine", choices=("python", "wrk"), default="python", help="who sends the load"

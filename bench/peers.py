@@ -8,7 +8,8 @@
 - :class:`ProcessSet`: every process started so far, stopped in reverse order on exit (also on
   Ctrl-C and errors), so a benchmark never leaves anything behind.
 - Launchers for each target: the fake upstream (:func:`start_fake`), ``iop-edge serve`` on a
-  generated config (:func:`edge_config`, :func:`start_edge`), the bare pass-through
+  generated config (:func:`edge_config`, :func:`start_edge`; with a remote node,
+  :func:`with_remote_node`, served by ``iop-node``: :func:`start_node`), the bare pass-through
   (:func:`start_passthrough`) and LiteLLM proxy (:func:`start_litellm`, skipped with a reason
   when ``bench/.venv-litellm`` is missing or it does not come up).
 
@@ -463,6 +464,90 @@ def start_edge(
         token=token,
         detail={"config": str(path), "log_level": config["logging"]["level"]},
     )
+
+
+REMOTE_NODE = "bench-remote"
+"""The remote node :func:`with_remote_node` adds (served by an ``iop-node`` subprocess)."""
+REMOTE_MODEL = "bench-remote"
+"""Its model group: one provider on the remote node, on the same upstream and upstream model as
+:data:`MODEL`'s."""
+
+
+def with_remote_node(
+    config: dict[str, Any], upstream: str, *, token_hash: str, capacity: int = 1024
+) -> dict[str, Any]:
+    """``config`` (from :func:`edge_config`) with the node listener on a free loopback port
+    and the remote node :data:`REMOTE_NODE` (``token_hash_sha256``: ``token_hash``): one
+    ``openai_compat`` provider on ``upstream`` (target :data:`MODEL`), like the local ones,
+    serving the model group :data:`REMOTE_MODEL` alone."""
+    config = {**config, "nodes": list(config["nodes"]), "models": list(config["models"])}
+    config["listen"] = {"address": f"127.0.0.1:{free_port()}"}
+    config["nodes"].append(
+        {
+            "id": REMOTE_NODE,
+            "token_hash_sha256": token_hash,
+            "adapters": [{"name": "fake", "type": "openai_compat", "base_url": upstream}],
+            "providers": [
+                {
+                    "id": "remote",
+                    "type": "openai_compat",
+                    "category": "local_inference",
+                    "adapter": "fake",
+                    "models": [MODEL],
+                    "capacity": capacity,
+                }
+            ],
+        }
+    )
+    config["models"].append(
+        {
+            "id": REMOTE_MODEL,
+            "context_window_tokens": 131072,
+            "providers": [{"id": "remote", "target": MODEL}],
+        }
+    )
+    return config
+
+
+def start_node(
+    processes: ProcessSet,
+    workdir: Path,
+    cores: str | None,
+    config: dict[str, Any],
+    token: str,
+    timeout: float = 60,
+) -> BenchProcess:
+    """Run ``iop-node`` against the edge running ``config`` (from :func:`with_remote_node`)
+    with ``token`` in a mode-0600 file, as an operator runs it; return once the edge's
+    ``iop_edge_node_connected`` says the node is connected (its payload acknowledged)."""
+    token_file = workdir / "node-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    process = processes.start(
+        BenchProcess(
+            "iop-node",
+            [
+                str(VENV_BIN / "iop-node"),
+                "--edge",
+                f"http://{config['listen']['address']}",
+                "--token-file",
+                str(token_file),
+            ],
+            workdir / "iop-node.log",
+            cores=cores,
+        )
+    )
+    metrics = f"http://{config['metrics']['listen']}/metrics"
+    connected = f'iop_edge_node_connected{{node="{REMOTE_NODE}"}} 1.0'
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not process.alive():
+            raise RuntimeError(f"iop-node exited early:\n{process.log_tail()}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(metrics, timeout=2) as answer:
+            if connected in answer.read().decode().splitlines():
+                return process
+        time.sleep(0.1)
+    raise TimeoutError(f"iop-node did not connect within {timeout:.0f} s:\n{process.log_tail()}")
 
 
 def start_passthrough(

@@ -47,7 +47,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -128,10 +128,14 @@ class Bench:
         duration: float | None = None,
         api: str = "chat",
         store: bool = False,
+        loadgen_args: Sequence[str] = (),
+        others: Mapping[str, BenchProcess] | None = None,
     ) -> dict[str, Any]:
         """Run the load generator once against ``target`` and return the cell (``api``: what
         ``bench/loadgen.py --api`` sends, chat completions, Anthropic Messages or OpenAI
-        Responses; ``store``: its ``--store``, Responses' ``store: true``)."""
+        Responses; ``store``: its ``--store``, Responses' ``store: true``; ``loadgen_args``:
+        more of its options). The CPU time of ``others`` (processes behind the target, by
+        name) over the same window is in the cell's ``others_cpu_s``."""
         duration = duration if duration is not None else self.options.duration
         warmup = self.options.warmup
         argv = [
@@ -156,8 +160,10 @@ class Bench:
             argv.append("--stream")
         if store:
             argv.append("--store")
+        argv += loadgen_args
         if target.token:
             argv += ["--token", target.token]
+        behind = {name: sample_cpu(process) for name, process in (others or {}).items()}
         proxy_cpu = sample_cpu(target.process if target.name != "direct" else None)
         assert self.fake is not None
         fake_cpu = sample_cpu(self.fake.process)
@@ -165,6 +171,7 @@ class Bench:
         result = run_json(argv, self.load_cores, timeout=warmup + duration + 120)
         wall = time.monotonic() - started
         cpu = proxy_cpu()
+        others_cpu = {name: round(sample(), 4) for name, sample in behind.items()}
         total = max(1, result["total_completed"])
         busy = warmup + duration
         cell = {
@@ -173,6 +180,7 @@ class Bench:
             "concurrency": concurrency,
             **result,
             "target_cpu_s": round(cpu, 3),
+            "others_cpu_s": others_cpu,
             "cpu_us_per_req": round(cpu / total * 1e6, 1) if target.name != "direct" else None,
             "core_pct": round(cpu / busy * 100, 1) if target.name != "direct" else None,
             "upstream_core_pct": round(fake_cpu() / busy * 100, 1),

@@ -4,8 +4,10 @@ The proxy benchmark runs first, and its headline table (iop-edge's CPU per reque
 bare pass-through's, and the added p50) is printed again at the end, so it is what the run
 leaves on the screen; so is that of the surfaces benchmark (``bench_surfaces.py``: Anthropic
 Messages and OpenAI Responses, translated and passed through, against chat on the same
-provider), and the memory of the stored responses of ``/v1/responses`` under a soak
-(``bench_responses_store.py``).
+provider), the memory of the stored responses of ``/v1/responses`` under a soak
+(``bench_responses_store.py``), and a remote node against the same provider local
+(``bench_nodes.py``: added p50, events per second through one link, the edge's and the node's
+CPU per request).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def main() -> int:
     print(f"\n{surfaces or '(the surfaces benchmark wrote no result: see its output above)'}")
     store = newest_headline("responses-store-*.json", started)
     print(f"\n{store or '(the responses store benchmark wrote no result: see its output above)'}")
+    nodes = newest_headline("nodes-*.json", started)
+    print(f"\n{nodes or '(the remote nodes benchmark wrote no result: see its output above)'}")
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
     return 1 if failed else 0
