@@ -32,6 +32,7 @@ AdmissionReason = Literal[
     "principal_queue_full",
     "rate_limit_exceeded",
     "handed_over",
+    "store_unavailable",
 ]
 #: How an upstream call failed.
 AdapterCode = Literal["upstream_error", "upstream_timeout"]

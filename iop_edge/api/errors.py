@@ -22,6 +22,7 @@
 | over its ``max_requests_per_minute``         | 429    | ``rate_limit_exceeded`` (+ Retry-After) |
 | waited past ``queue_timeout_ms``            | 503    | ``queue_timeout``          |
 | no enabled provider for the model           | 503    | ``no_available_provider``  |
+| shared pool's store unreachable (``reject``) | 503    | ``store_unavailable``      |
 | upstream failed / timed out                 | 502/504 | ``upstream_error`` / ``_timeout`` |
 """
 
@@ -50,6 +51,7 @@ ADMISSION_STATUS: Final[dict[AdmissionReason, int]] = {
     "handed_over": 503,  # (relayed to the successor, never shown unless that fails)
     "queue_timeout": 503,
     "no_available_provider": 503,
+    "store_unavailable": 503,
     "model_not_found": 404,
     "client_gone": 499,
 }
