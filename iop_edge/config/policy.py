@@ -7,7 +7,7 @@ without passing through the HTTP package.
 from __future__ import annotations
 
 from iop_edge.config.schema import EdgeConfig
-from iop_edge.pool import ANONYMOUS, HealthPolicy, PoolPolicy, ProviderPolicy
+from iop_edge.pool import ANONYMOUS, HealthPolicy, PoolPolicy, ProviderPolicy, SharedPolicy
 
 __all__ = [
     "EMBEDDING_TYPES",
@@ -137,6 +137,9 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
             for p in pool.principals
             if p.max_requests_per_minute is not None
         },
+        shared=None
+        if pool.shared is None
+        else SharedPolicy(pool.shared.lease_ttl_ms, pool.shared.on_store_down),
         health=HealthPolicy(
             failure_threshold=health.failure_threshold,
             eject_ms=health.eject_ms,

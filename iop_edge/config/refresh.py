@@ -10,7 +10,9 @@ unapplied). What is live:
 - ``models[]``: add, remove, and every field (aliases, display name, context window, provider
   list, generation policy)
 - ``nodes[].runtime`` (legacy node runtime concurrency metadata)
-- ``provider_pool.*`` (fair share, principals, failover, health),
+- ``provider_pool.*`` (fair share, principals, failover, health, and the shared pool's
+  ``lease_ttl_ms`` and ``on_store_down``; its ``store``, and adding or removing ``shared``,
+  need a restart),
   ``openai.model_routes[].capacity``, and ``openai.responses_store.*`` (the bounds of the
   stored responses of ``/v1/responses``)
 
@@ -230,9 +232,7 @@ def classify(running: EdgeConfig, candidate: EdgeConfig) -> _Diff:
         candidate.long_context_threshold_tokens,
         "live",
     )
-    diff.leaves(
-        "provider_pool", _dump(running.provider_pool), _dump(candidate.provider_pool), "live"
-    )
+    _diff_pool(diff, running, candidate)
 
     before = {m.id for m in running.models}
     after = {m.id for m in candidate.models}
@@ -257,6 +257,26 @@ def classify(running: EdgeConfig, candidate: EdgeConfig) -> _Diff:
             _diff_node(diff, old_node, new_node)
     diff.entries.sort(key=lambda e: e.path)
     return diff
+
+
+def _diff_pool(diff: _Diff, running: EdgeConfig, candidate: EdgeConfig) -> None:
+    """``provider_pool`` is live but for its shared store: the store (and whether the pool is
+    shared at all) is opened at start, so changing it needs a restart."""
+    old, new = running.provider_pool, candidate.provider_pool
+    exclude = {"shared"}
+    diff.leaves(
+        "provider_pool",
+        old.model_dump(mode="json", exclude_none=True, exclude=exclude),
+        new.model_dump(mode="json", exclude_none=True, exclude=exclude),
+        "live",
+    )
+    if old.shared is None or new.shared is None:
+        diff.leaves("provider_pool.shared", _dump(old.shared), _dump(new.shared), "restart")
+        return
+    diff.leaves("provider_pool.shared.store", old.shared.store, new.shared.store, "restart")
+    for name in ("lease_ttl_ms", "on_store_down"):
+        path = f"provider_pool.shared.{name}"
+        diff.leaves(path, getattr(old.shared, name), getattr(new.shared, name), "live")
 
 
 def _diff_openai(diff: _Diff, running: EdgeConfig, candidate: EdgeConfig) -> None:
@@ -354,7 +374,20 @@ def apply_live(running: EdgeConfig, candidate: EdgeConfig) -> EdgeConfig:
                 }
             ),
             "long_context_threshold_tokens": candidate.long_context_threshold_tokens,
-            "provider_pool": candidate.provider_pool,
+            # (the store itself, and whether there is one, stay as they run: restart-class)
+            "provider_pool": candidate.provider_pool.model_copy(
+                update={
+                    "shared": None
+                    if running.provider_pool.shared is None
+                    or candidate.provider_pool.shared is None
+                    else running.provider_pool.shared.model_copy(
+                        update={
+                            "lease_ttl_ms": candidate.provider_pool.shared.lease_ttl_ms,
+                            "on_store_down": candidate.provider_pool.shared.on_store_down,
+                        }
+                    )
+                }
+            ),
             "models": candidate.models,
             "nodes": tuple(nodes),
         }

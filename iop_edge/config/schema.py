@@ -179,6 +179,31 @@ def _http_url(value: str) -> str:
     return value.rstrip("/")
 
 
+def _store_url(value: str) -> str:
+    from iop_edge.config.redact import redact  # (redact imports nothing of the schema)
+
+    shown = redact(value)
+    parts = urlsplit(value)
+    problem = None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        problem = "its scheme must be redis://, rediss:// or unix://"
+    elif parts.scheme == "unix" and not parts.path.startswith("/"):
+        problem = "a unix:// URL needs the socket's absolute path (unix:///run/redis.sock)"
+    elif parts.scheme != "unix" and not parts.hostname:
+        problem = "a redis:// or rediss:// URL needs a host (redis://host:6379/0)"
+    else:
+        try:
+            parts.port  # noqa: B018 (raises on a port out of range)
+        except ValueError:
+            problem = "its port must be a number from 1 to 65535"
+        db = parts.path.strip("/") if parts.scheme != "unix" else ""
+        if db and not db.isdigit():
+            problem = f"its database {db!r} must be a number >= 0"
+    if problem is not None:
+        raise ValueError(f"{shown!r} is not a shared store URL; {problem}")
+    return value
+
+
 def _probe_path(value: str) -> str:
     if not value.startswith("/") or any(c.isspace() for c in value) or "#" in value:
         raise ValueError(
@@ -481,6 +506,24 @@ class PrincipalShare(_Section):
     models: tuple[NonEmpty, ...] | None = None
 
 
+class SharedSection(_Section):
+    """``provider_pool.shared``: the edges sharing this pool through one store.
+
+    ``store``: a Redis or Valkey URL (``redis://``, ``rediss://``, ``unix://``; restart-class,
+    its password redacted wherever it is shown); ``lease_ttl_ms``: how long a lease outlives
+    its holder's last renewal (live); ``on_store_down``: ``static_split`` (each edge takes
+    ``floor(capacity / edges)``) or ``reject`` (503) while the store is out of reach (live).
+    """
+
+    store: Annotated[str, AfterValidator(_store_url)]
+    lease_ttl_ms: Annotated[
+        Positive,
+        _at_least(1000, "a lease is renewed every third of it"),
+        _at_most(600_000, "a dead edge's slots come back only after it"),
+    ] = 10_000
+    on_store_down: Literal["static_split", "reject"] = "static_split"
+
+
 class ProviderPool(_Section):
     """``provider_pool``: the queue, failover and health policy shared by every model group and
     provider.
@@ -495,6 +538,7 @@ class ProviderPool(_Section):
     health: HealthSection = HealthSection()
     fair_share: Literal["principal", "token", "none"] = "principal"
     principals: tuple[PrincipalShare, ...] = ()
+    shared: SharedSection | None = None
 
 
 class ModelProviderRef(_Section):

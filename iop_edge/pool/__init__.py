@@ -30,6 +30,7 @@ from iop_edge.pool.policy import (
     PoolPolicy,
     ProviderKey,
     ProviderPolicy,
+    SharedPolicy,
     may_retry,
 )
 from iop_edge.pool.scheduler import PROBE, Notice, PoolScheduler
@@ -74,6 +75,7 @@ __all__ = [
     "RequestState",
     "RetryClass",
     "Share",
+    "SharedPolicy",
     "SlotLease",
     "Submission",
     "may_retry",

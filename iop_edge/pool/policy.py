@@ -121,6 +121,16 @@ class HealthPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedPolicy:
+    """``provider_pool.shared``'s live part: how long a lease in the store outlives its last
+    renewal, and what an edge does while the store is out of reach (the store's URL is
+    restart-class and stays in the config)."""
+
+    lease_ttl_ms: int = 10_000
+    on_store_down: Literal["static_split", "reject"] = "static_split"
+
+
+@dataclass(frozen=True, slots=True)
 class PoolPolicy:
     """The whole admission policy of the edge.
 
@@ -152,6 +162,7 @@ class PoolPolicy:
     per_minute: Mapping[str, int] = field(default_factory=dict)
     principals: tuple[str, ...] = ()
     derived: Mapping[str, str] = field(default_factory=dict)
+    shared: SharedPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
