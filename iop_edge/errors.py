@@ -9,6 +9,7 @@ Every error the daemon raises on purpose derives from :class:`IopEdgeError`::
     ├── AdapterError         an upstream call failed (upstream_error / upstream_timeout)
     ├── AuthError            a request without a valid principal or provider credential
     ├── RequestError         a client request that is malformed, too large or names no model
+    ├── StoreUnavailable     the shared store of several edges did not serve an operation
     └── (iop_edge.link)      the node link's: LinkViolation (the peer broke the protocol),
                              ProtocolMismatch (another protocol version), LinkClosed
 
@@ -181,4 +182,15 @@ class RequestError(IopEdgeError):
         self.code = code
         self.status = status
         self.param = param
+        super().__init__(message)
+
+
+class StoreUnavailable(IopEdgeError):
+    """The shared store (:mod:`iop_edge.shared`) did not serve an operation: connection
+    refused or lost, no answer within its ``op_timeout``, or a script error. ``op`` names the
+    operation (``acquire``, ``release``, ``renew``, ...); the message names the store by its
+    URL with the password hidden."""
+
+    def __init__(self, op: str, message: str) -> None:
+        self.op = op
         super().__init__(message)
