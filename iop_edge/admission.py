@@ -301,7 +301,11 @@ class AdmissionScheduler:
 
     def inherit(self, key: ProviderKey, *, long_context: bool, principal: str) -> Lease | None:
         """A slot the process this one takes over from still holds (a handover): counted as
-        this scheduler's lease until released (see :meth:`PoolScheduler.inherit`)."""
+        this scheduler's lease until released (see :meth:`PoolScheduler.inherit`). In a
+        shared pool, ``None``: the old process's leases stay in the store, renewed and
+        released by that process, and count here as held elsewhere — never twice."""
+        if self._gate is not None:
+            return None
         slot_lease = self._core.inherit(
             key, long_context=long_context, principal=principal, now=self._clock.now()
         )

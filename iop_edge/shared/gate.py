@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
+from iop_edge.pool import PoolPolicy, ProviderKey, SharedPolicy
+from iop_edge.shared.refusal import StoreRefusal
 from iop_edge.shared.store import (
     Grant,
     LeaseRef,
@@ -43,9 +45,6 @@ from iop_edge.shared.store import (
     StoreUnavailable,
     StoreView,
 )
-
-from iop_edge.pool import PoolPolicy, ProviderKey, SharedPolicy
-from iop_edge.shared.refusal import StoreRefusal
 
 if TYPE_CHECKING:
     from iop_edge.admission import AdmissionScheduler, Lease
@@ -202,10 +201,8 @@ class SharedGate:
         """
         admission = self._admission
         assert admission is not None
-        if self._state != "up":
-            if self._shared.on_store_down == "reject":
-                raise StoreRefusal(self._down_message())
-            return admission.within(lease)
+        if self._state == "down" and self._shared.on_store_down == "reject":
+            raise StoreRefusal(self._down_message())
         key = lease.key
         principal = lease.principal if lease.principal in self._caps else None
         ref = LeaseRef(
@@ -214,6 +211,12 @@ class SharedGate:
             lease.long_context,
             principal,
         )
+        if self._state == "down":
+            # The split decides; the lease is written to the store when it is back.
+            if not admission.within(lease):
+                return False
+            self._hold(ref, lease)
+            return True
         capacity, long_capacity = self._limits[key]
         try:
             grant = await self._store.acquire(
@@ -231,18 +234,22 @@ class SharedGate:
             self._went_down(exc)
             return await self.acquire(lease)
         if grant.granted:
-            self._held[ref.lease_id] = (ref, lease)
-            self._mine[key] += 1
-            if ref.long:
-                self._long_mine[key] += 1
-            if principal is not None:
-                self._principal_mine[principal] += 1
-            lease.ticket = ref.lease_id
+            self._hold(ref, lease)
         else:
             self._refused += 1
             self._waiting.set()
         self._counted(key, grant, principal)
         return grant.granted
+
+    def _hold(self, ref: LeaseRef, lease: Lease) -> None:
+        self._held[ref.lease_id] = (ref, lease)
+        key = lease.key
+        self._mine[key] += 1
+        if ref.long:
+            self._long_mine[key] += 1
+        if ref.principal is not None:
+            self._principal_mine[ref.principal] += 1
+        lease.ticket = ref.lease_id
 
     def released(self, lease: Lease) -> None:
         """``lease`` was released here: its store lease goes too (sent in the background)."""
