@@ -5,8 +5,12 @@ same addresses."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -14,7 +18,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from iop_edge.testing import redis_server as module
-from iop_edge.testing.leaks import BOUND
+from iop_edge.testing.leaks import BOUND, wait_for
 from iop_edge.testing.redis_server import RedisServer, RedisServerNotFound, find_redis_server
 
 
@@ -105,3 +109,37 @@ def test_without_a_binary_the_error_says_how_to_install_one(monkeypatch, tmp_pat
     assert "`make redis`" in message
     assert "IOP_EDGE_REDIS_SERVER" in message
     assert os.environ["PATH"] == str(tmp_path)
+
+
+def ended(pid: int) -> bool:
+    """Whether ``pid`` is gone or a zombie (an orphan's end that nobody reaped)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "State:\tZ" in status
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+async def test_the_server_ends_with_a_test_run_that_is_killed():
+    """A run killed outright (``timeout``, ``SIGKILL``) runs no teardown: its server ends
+    anyway, instead of listening on forever."""
+    script = (
+        "import sys, time\n"
+        "from iop_edge.testing.redis_server import RedisServer\n"
+        "server = RedisServer()\n"
+        "server.start()\n"
+        "print(server.process.pid, server.directory, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert run.stdout is not None
+    pid, directory = run.stdout.readline().split()
+    try:
+        assert not ended(int(pid))
+        run.kill()
+        run.wait(BOUND)
+        await wait_for(lambda: ended(int(pid)))
+    finally:
+        run.stdout.close()
+        shutil.rmtree(directory, ignore_errors=True)
