@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, cast
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import orjson
 
@@ -124,7 +124,13 @@ def redact_store_url(url: str) -> str:
         query = urlencode(
             [(k, HIDDEN if k.lower() == "password" else v) for k, v in pairs], safe="*"
         )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # (by hand: urlunsplit drops the "//" of an empty host, and unix:///path needs it)
+    shown = f"{parts.scheme}://{netloc}{parts.path}"
+    if query:
+        shown += f"?{query}"
+    if parts.fragment:
+        shown += f"#{parts.fragment}"
+    return shown
 
 
 def decode_released(data: object) -> Released | None:

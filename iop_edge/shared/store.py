@@ -272,9 +272,7 @@ class SharedStore:
         it and never counts it twice."""
         if principal_cap is not None and lease.principal is None:
             raise ValueError(f"lease {lease.lease_id!r}: a principal_cap needs a principal")
-        keys = [self.lease_key(lease.provider), self.long_key(lease.provider)]
-        if lease.principal is not None:
-            keys.append(self.principal_key(lease.principal))
+        keys = self._keys(lease, long=True)  # (the long set too: its count is answered)
         args: list[str | int] = [
             self._now(),
             lease.lease_id,
@@ -298,9 +296,7 @@ class SharedStore:
         """Give ``lease`` back, from all its sets, and publish the counts left on
         :attr:`channel` if that freed anything. Releasing a lease the store no longer holds
         changes nothing and still answers the counts."""
-        keys = [self.lease_key(lease.provider), self.long_key(lease.provider)]
-        if lease.principal is not None:
-            keys.append(self.principal_key(lease.principal))
+        keys = self._keys(lease, long=True)  # (the long set too: its count is answered)
         args: list[str | int] = [
             self._now(),
             lease.lease_id,

@@ -15,15 +15,19 @@ for a timing.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import cast
 
 import redis
 
@@ -67,6 +71,29 @@ def find_redis_server() -> str:
         "one: install it with `sudo apt-get install -y redis-server` (Debian, Ubuntu) or "
         f"`make redis`, or set {ENV_BINARY} to the path of a redis-server binary"
     )
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return cast("Callable[..., int]", ctypes.CDLL(None, use_errno=True).prctl)
+    except (OSError, AttributeError):
+        return None
+
+
+#: Linux's prctl(2), looked up before any fork (the child only calls it)
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _ends_with_parent() -> None:
+    """In the child, before exec: ``SIGTERM`` it when the process that started it ends, even
+    by ``SIGKILL`` or a ``timeout`` (no fixture's teardown runs then), so no server outlives
+    its test run. Linux only; the thread that starts a server must outlive it (pytest's main
+    thread does), as the signal follows that thread."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _free_port() -> int:
@@ -173,7 +200,7 @@ class RedisServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            start_new_session=True,
+            preexec_fn=_ends_with_parent,
         )
         ready = threading.Event()
         first = len(self.lines)
