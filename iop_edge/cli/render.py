@@ -80,6 +80,10 @@ def format_refresh(result: RefreshResult) -> str:
             "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4]
             for row in rows
         ]
+        reasons = [e for e in result.report if e.reason]
+        if reasons:
+            lines.append("")
+            lines += [f"{e.path} needs a restart: {e.reason}" for e in reasons]
     elif result.result != "rejected":
         lines.append("no changes")
     if result.errors:
@@ -131,7 +135,11 @@ def format_status(status: dict[str, Any]) -> str:
     pending = config["restart_pending"]
     if pending:
         lines.append(f"restart pending for {len(pending)} change(s):")
-        lines += [f"  {p['path']}: {cell(p['old'])} -> {cell(p['new'])}" for p in pending]
+        lines += [
+            f"  {p['path']}: {cell(p['old'])} -> {cell(p['new'])}"
+            + (f" ({p['reason']})" if p.get("reason") else "")
+            for p in pending
+        ]
     lines += node_lines(status.get("nodes", ()))
     rows = [("NODE", "PROVIDER", "STATUS", "HEALTH", "IN_FLIGHT", "CAPACITY", "LONG", "PRIORITY")]
     rows += [

@@ -6,7 +6,7 @@ without passing through the HTTP package.
 
 from __future__ import annotations
 
-from iop_edge.config.schema import EdgeConfig
+from iop_edge.config.schema import EdgeConfig, SharedSection
 from iop_edge.pool import ANONYMOUS, HealthPolicy, PoolPolicy, ProviderPolicy, SharedPolicy
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "pool_policy",
     "route_group",
     "route_provider",
+    "shared_policy",
 ]
 
 ROUTE_UNBOUNDED = 1_000_000
@@ -88,6 +89,14 @@ def known_principals(config: EdgeConfig) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def shared_policy(shared: SharedSection | None) -> SharedPolicy | None:
+    """The live part of ``provider_pool.shared`` (``None``: the pool is not shared). The
+    store's URL stays in the config (``shared.store``): restart-class, and secret."""
+    if shared is None:
+        return None
+    return SharedPolicy(lease_ttl_ms=shared.lease_ttl_ms, on_store_down=shared.on_store_down)
+
+
 def pool_policy(config: EdgeConfig) -> PoolPolicy:
     """The scheduler's policy from an effective config: every provider, every model group, and
     for each model with passthrough providers its :func:`completions_group`, and with
@@ -137,9 +146,6 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
             for p in pool.principals
             if p.max_requests_per_minute is not None
         },
-        shared=None
-        if pool.shared is None
-        else SharedPolicy(pool.shared.lease_ttl_ms, pool.shared.on_store_down),
         health=HealthPolicy(
             failure_threshold=health.failure_threshold,
             eject_ms=health.eject_ms,
@@ -164,4 +170,5 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
         + routes,
         groups=groups,
         derived=derived,
+        shared=shared_policy(pool.shared),
     )

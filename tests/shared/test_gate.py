@@ -27,15 +27,15 @@ BOUND = 5.0  # seconds any awaited event may take before the test fails
 
 
 @pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
+def own_redis() -> Iterator[RedisServer]:
+    """A server of this module's own: its tests kill and restart it."""
     with RedisServer() as server:
         yield server
 
 
 @pytest.fixture
-def store_url(redis_server: RedisServer) -> str:
-    redis_server.flushall()
-    return redis_server.url
+def store_url(redis_url: str) -> str:
+    return redis_url
 
 
 def policy(
@@ -215,8 +215,9 @@ async def test_a_cancelled_waiter_leaves_no_lease_in_the_store(store_url: str) -
 
 
 async def test_the_store_down_splits_the_capacity_and_comes_back_without_a_burst(
-    redis_server: RedisServer,
+    own_redis: RedisServer,
 ) -> None:
+    redis_server = own_redis
     redis_server.flushall()
     async with edges(redis_server.url, policy(capacity=4, ttl_ms=3000)) as (a, b):
         held = [await a.admission.admit("m")]
@@ -245,8 +246,9 @@ async def test_the_store_down_splits_the_capacity_and_comes_back_without_a_burst
 
 
 async def test_the_store_down_with_reject_answers_store_unavailable(
-    redis_server: RedisServer,
+    own_redis: RedisServer,
 ) -> None:
+    redis_server = own_redis
     redis_server.flushall()
     async with edges(redis_server.url, policy(on_store_down="reject"), n=1) as (a,):
         redis_server.kill()
