@@ -345,7 +345,7 @@ class AdmissionScheduler:
 
     def set_rate_share(self, share: int | None) -> None:
         """Who counts the per-minute rates (see :meth:`PoolScheduler.set_rate_share`)."""
-        self._core.set_rate_share(share, self._clock.now())
+        self._core.set_rate_share(share)
 
     async def aclose(self) -> None:
         """Stop the health probes still running, and start no other (the daemon stops)."""

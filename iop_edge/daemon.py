@@ -158,7 +158,7 @@ class Daemon:
             clock=self.clock,
             prober=self.adapters.probe,
             on_health=self._log_health,
-            gate=shared_gate(self.config, policy, self.clock),
+            gate=shared_gate(self.config, policy, self.clock, self.log),
         )
         self.relay = HandoverRelay(self.clock)
         self.handover = HandoverCoordinator(
@@ -642,11 +642,14 @@ class Daemon:
         return app
 
 
-def shared_gate(config: EdgeConfig, policy: PoolPolicy, clock: Clock) -> SharedGate | None:
+def shared_gate(
+    config: EdgeConfig, policy: PoolPolicy, clock: Clock, log: Logger
+) -> SharedGate | None:
     """The shared store's gate of a pool shared by several edges (``provider_pool.shared``),
     under a new instance id; ``None`` for a pool of its own."""
     shared = config.provider_pool.shared
     if shared is None or policy.shared is None:
         return None
     store = SharedStore(shared.store, instance_id=secrets.token_hex(6))
-    return SharedGate(store, policy.shared, clock)
+    log.info("shared_pool", store=store.redacted_url, instance=store.instance_id)
+    return SharedGate(store, policy.shared, clock, log=log)

@@ -392,7 +392,7 @@ class PoolScheduler:
             self._serve_unparked(now, decisions)
         return decisions
 
-    def set_rate_share(self, share: int | None, now: float) -> None:
+    def set_rate_share(self, share: int | None) -> None:
         """Who counts ``max_requests_per_minute``: ``None``, the shared store (this scheduler
         takes no token; :meth:`submit`'s ``over_rate`` carries the store's refusal); ``n``,
         this scheduler with ``1/n`` of each limit (at least 1): 1 alone, ``n`` for a static

@@ -28,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
 from iop_edge.pool import PoolPolicy, ProviderKey, SharedPolicy
+from iop_edge.runtime.logs import Logger, get_logger
 from iop_edge.shared.refusal import StoreRefusal
 from iop_edge.shared.store import (
     Grant,
@@ -51,8 +51,6 @@ if TYPE_CHECKING:
     from iop_edge.seams import Clock
 
 __all__ = ["GateStatistics", "SharedGate", "StoreRefusal"]
-
-_log = logging.getLogger("iop_edge.shared")
 
 StoreState = Literal["up", "down", "recovering"]
 
@@ -106,7 +104,15 @@ class SharedGate:
     membership left).
     """
 
-    def __init__(self, store: SharedStore, policy: SharedPolicy, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: SharedStore,
+        policy: SharedPolicy,
+        clock: Clock,
+        *,
+        log: Logger | None = None,
+    ) -> None:
+        self._log = log if log is not None else get_logger()
         self._store = store
         self._shared = policy
         self._clock = clock
@@ -372,16 +378,12 @@ class SharedGate:
         self._state = "down"
         self._down_since = self._clock.now()
         self._recovered_at = None
-        _log.warning(
+        self._log.warning(
             "shared_store_down",
-            extra={
-                "event_fields": {
-                    "store": self._store.redacted_url,
-                    "error": str(exc),
-                    "on_store_down": self._shared.on_store_down,
-                    "members": self._members,
-                }
-            },
+            store=self._store.redacted_url,
+            error=str(exc),
+            on_store_down=self._shared.on_store_down,
+            members=self._members,
         )
         self._split()
 
@@ -390,8 +392,11 @@ class SharedGate:
         may hold is reserved — each its share, or what it was last seen holding if more."""
         admission = self._admission
         assert admission is not None
-        members = self._members
         me = self._store.instance_id
+        # The members: as many as the last heartbeat counted, or as many edges as were seen
+        # holding leases, if more (one started since).
+        seen = {i for held_by in self._held_by.values() for i, n in held_by.items() if n}
+        members = max(self._members, len(seen | {me}))
         providers: dict[ProviderKey, tuple[int, int]] = {}
         for key, (capacity, long_capacity) in self._limits.items():
             if members < 1:
@@ -423,15 +428,11 @@ class SharedGate:
         self._members = await self._store.heartbeat(self._ttl_ms)
         self._state = "recovering"
         self._recovered_at = self._clock.now()
-        _log.info(
+        self._log.info(
             "shared_store_back",
-            extra={
-                "event_fields": {
-                    "store": self._store.redacted_url,
-                    "down_s": round(self._recovered_at - (self._down_since or 0.0), 3),
-                    "leases_written_back": len(self._held),
-                }
-            },
+            store=self._store.redacted_url,
+            down_s=round(self._recovered_at - (self._down_since or 0.0), 3),
+            leases_written_back=len(self._held),
         )
 
     def _resume(self) -> None:
@@ -498,6 +499,7 @@ class SharedGate:
             if held is None:
                 continue  # (released meanwhile)
             self._lost += 1
+            self._log.warning("shared_lease_lost", lease=lease_id, provider=held[0].provider)
             held[1].lose(
                 f"the shared store {self._store.redacted_url} no longer counts this request's "
                 "lease (this edge could not renew it within provider_pool.shared.lease_ttl_ms)"

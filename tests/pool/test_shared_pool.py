@@ -173,7 +173,7 @@ def test_the_store_takes_the_rates_or_a_split_of_them() -> None:
         pool([provider("a", capacity=100)]), per_minute={"app": 4}, principals=("app",)
     )
     scheduler = PoolScheduler(policy)
-    scheduler.set_rate_share(None, 0.0)  # the store counts: nothing refused here
+    scheduler.set_rate_share(None)  # the store counts: nothing refused here
     for _ in range(6):
         assert scheduler.submit("m", now=0.0, principal="app").request.state is not (
             RequestState.REJECTED
@@ -183,6 +183,6 @@ def test_the_store_takes_the_rates_or_a_split_of_them() -> None:
     assert rejection is not None
     assert rejection.reason.value == "rate_limit_exceeded"
     assert rejection.retry_after == 2.5
-    scheduler.set_rate_share(2, 1.0)  # a split among two edges: 2 a minute here
+    scheduler.set_rate_share(2)  # a split among two edges: 2 a minute here
     states = [scheduler.submit("m", now=1.0, principal="app").request.state for _ in range(3)]
     assert states.count(RequestState.REJECTED) == 1

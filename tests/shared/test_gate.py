@@ -234,7 +234,9 @@ async def test_the_store_down_splits_the_capacity_and_comes_back_without_a_burst
         # The store comes back (empty: it was killed): each edge writes its leases back at
         # its next renewal, and keeps its split one more period.
         redis_server.restart()
-        await until(lambda: all(e.gate.statistics().state == "up" for e in (a, b)), a.clock, b.clock)
+        await until(
+            lambda: all(e.gate.statistics().state == "up" for e in (a, b)), a.clock, b.clock
+        )
         # Every lease of both edges is in the store again, the ones taken in the split too.
         view = await a.store.view(["n1/gpu"], [])
         assert dict(view.providers["n1/gpu"].held_by) == {"edge0": 2, "edge1": 2}
