@@ -309,6 +309,9 @@ class PoolScheduler:
         what it had. Slots that this frees go to the pending requests at once; a count that
         grows cancels nothing (as a capacity lowered live)."""
         decisions = self._expire_due(now)
+        # (the principals first: a slot freed below goes only to those under their cap now)
+        for name, held in principals.items():
+            self._unparked.extend(self._book.set_elsewhere(name, held))
         for key, (general, long) in providers.items():
             slot = self._slots.get(key)
             if slot is None:
@@ -320,8 +323,6 @@ class PoolScheduler:
             grew = slot.capacity > before or slot.long_capacity > long_before
             if not (grew and self._pending and self._refill(slot, now, decisions)):
                 slot.changed()
-        for name, held in principals.items():
-            self._unparked.extend(self._book.set_elsewhere(name, held))
         if self._unparked:
             self._serve_unparked(now, decisions)
         return decisions
