@@ -158,9 +158,18 @@ class SharedGate:
     def policy_changed(self, policy: PoolPolicy) -> None:
         """The pool's policy changed live: capacities, caps and rates are read again (a
         static split is computed again from them)."""
-        self._names = {p.key: f"{p.node_id}/{p.provider_id}" for p in policy.providers}
+        # A model route's slots (provider id "route:MODEL") are not in the pool: per edge.
+        self._names = {
+            p.key: f"{p.node_id}/{p.provider_id}"
+            for p in policy.providers
+            if not p.provider_id.startswith("route:")
+        }
         self._keys = {name: key for key, name in self._names.items()}
-        self._limits = {p.key: (p.capacity, p.long_context_capacity) for p in policy.providers}
+        self._limits = {
+            p.key: (p.capacity, p.long_context_capacity)
+            for p in policy.providers
+            if p.key in self._names
+        }
         self._caps = policy.caps
         self._per_minute = policy.per_minute
         if policy.shared is not None:
@@ -207,13 +216,16 @@ class SharedGate:
         """
         admission = self._admission
         assert admission is not None
+        key = lease.key
+        name = self._names.get(key)
+        if name is None:
+            return True  # (a model route: its capacity is this edge's own)
         if self._state == "down" and self._shared.on_store_down == "reject":
             raise StoreRefusal(self._down_message())
-        key = lease.key
         principal = lease.principal if lease.principal in self._caps else None
         ref = LeaseRef(
             f"{self._store.instance_id}:{next(self._seq)}",
-            self._names[key],
+            name,
             lease.long_context,
             principal,
         )
