@@ -301,3 +301,26 @@ def test_the_policy_of_a_shared_pool_is_live(store_url: str) -> None:
     shared = dataclasses.replace(policy(), shared=SharedPolicy(20_000, "reject"))
     assert shared.shared is not None
     assert shared.shared.lease_ttl_ms == 20_000
+
+
+async def test_a_model_routes_slots_stay_the_edges_own(store_url: str) -> None:
+    route = ProviderPolicy(
+        node_id="",
+        provider_id="route:hosted",
+        capacity=1,
+        long_context_capacity=0,
+        priority=0,
+        enabled=True,
+    )
+    base = policy(capacity=1)
+    pool = dataclasses.replace(
+        base, providers=(*base.providers, route), groups={**base.groups, "r": (route.key,)}
+    )
+    async with edges(store_url, pool) as (a, b):
+        on_a = await a.admission.admit("r")
+        on_b = await b.admission.admit("r")  # each edge has the route's capacity to itself
+        assert on_a.ticket is None
+        assert on_b.ticket is None
+        assert [p.provider_id for p in a.gate.statistics().providers] == ["gpu"]
+        on_a.release()
+        on_b.release()
