@@ -129,7 +129,6 @@ class SharedGate:
         self._long_mine: Counter[ProviderKey] = Counter()
         self._principal_mine: Counter[str] = Counter()
         self._counts: dict[ProviderKey, tuple[int, int]] = {}
-        self._principal_counts: dict[str, int] = {}
         self._held_by: dict[ProviderKey, Mapping[str, int]] = {}
         self._unsent: list[LeaseRef] = []  # releases the store did not take (it was down)
         self._state: StoreState = "up"
@@ -344,7 +343,6 @@ class SharedGate:
         self._counts[key] = (grant.held, grant.long_held)
         principals: dict[str, int] = {}
         if principal is not None:
-            self._principal_counts[principal] = grant.principal_held
             principals[principal] = grant.principal_held - self._principal_mine[principal]
         if self._state != "up":
             return
@@ -372,7 +370,6 @@ class SharedGate:
             providers[key] = (seen.held - self._mine[key], seen.long_held - self._long_mine[key])
         principals = {}
         for ref, held in view.principals.items():
-            self._principal_counts[ref] = held
             principals[ref] = held - self._principal_mine[ref]
         if self._state == "up":
             assert self._admission is not None
@@ -408,7 +405,7 @@ class SharedGate:
         # The members: as many as the last heartbeat counted, or as many edges as were seen
         # holding leases, if more (one started since).
         seen = {i for held_by in self._held_by.values() for i, n in held_by.items() if n}
-        members = max(self._members, len(seen | {me}))
+        members = max(self._members, len(seen | {me})) if self._members else 0
         providers: dict[ProviderKey, tuple[int, int]] = {}
         for key, (capacity, long_capacity) in self._limits.items():
             if members < 1:

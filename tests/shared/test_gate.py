@@ -323,3 +323,27 @@ async def test_a_model_routes_slots_stay_the_edges_own(store_url: str) -> None:
         assert [p.provider_id for p in a.gate.statistics().providers] == ["gpu"]
         on_a.release()
         on_b.release()
+
+
+async def test_an_edge_that_never_reached_the_store_admits_nothing_until_it_answers(
+    own_redis: RedisServer,
+) -> None:
+    """Static split from the last membership seen: none seen, no share, no request upstream
+    (it waits in the queue) until the store answers."""
+    own_redis.kill()
+    edge = Edge(own_redis.url, policy(capacity=4), "lonely")
+    await edge.gate.start()
+    try:
+        assert edge.gate.statistics().state == "down"
+        waiting = asyncio.create_task(edge.admission.admit("m"))
+        await until(lambda: edge.admission.queue_depth == 1)
+        assert edge.in_flight() == 0
+        own_redis.restart()
+        await until(waiting.done, edge.clock)
+        lease = waiting.result()
+        assert lease.ticket is not None
+        lease.release()
+    finally:
+        async with asyncio.timeout(BOUND):
+            await edge.admission.aclose()
+            await edge.gate.aclose()
