@@ -16,7 +16,9 @@ time) is *lost*: its request is stopped (:meth:`Lease.lose`).
 
 The store out of reach (an error or a call past its bound): ``on_store_down: static_split``
 gives this edge ``floor(capacity / members)`` of each provider (members: the last count it
-saw; the other members' known excess over their share stays reserved), ``reject`` refuses
+saw; what the other members were last seen holding over their share stays reserved for
+``lease_ttl_ms``, as long as the store would have counted it — kept for the whole outage, the
+edges' views of different moments could leave none of them a slot), ``reject`` refuses
 new dispatches ``store_unavailable``. Every ``lease_ttl_ms / 3`` it tries the store again; when
 it answers, the releases that could not be sent are sent, the leases held are written back, and
 after one more renewal period (so that every edge has written its own back) the store's counts
@@ -133,6 +135,7 @@ class SharedGate:
         self._unsent: list[LeaseRef] = []  # releases the store did not take (it was down)
         self._state: StoreState = "up"
         self._down_since: float | None = None
+        self._reserve_lapsed = False  # (down past lease_ttl_ms: the others' excess expired)
         self._recovered_at: float | None = None
         self._members = 0  # (0: none seen yet)
         self._refused = 0
@@ -387,6 +390,7 @@ class SharedGate:
         self._state = "down"
         self._down_since = self._clock.now()
         self._recovered_at = None
+        self._reserve_lapsed = False
         self._log.warning(
             "shared_store_down",
             store=self._store.redacted_url,
@@ -398,7 +402,8 @@ class SharedGate:
 
     def _split(self) -> None:
         """Hold this edge to its static split: for each provider, what the other members
-        may hold is reserved — each its share, or what it was last seen holding if more."""
+        may hold is reserved — each its share, or what it was last seen holding if more,
+        until the store would have let those leases expire (:meth:`_still_down`)."""
         admission = self._admission
         assert admission is not None
         me = self._store.instance_id
@@ -418,6 +423,8 @@ class SharedGate:
             seen_elsewhere = self._counts.get(key, (0, 0))[0] - self._mine[key]
             reserve = sum(max(n, share) for n in others) + share * (members - 1 - len(others))
             reserve += max(0, seen_elsewhere - sum(others))  # (taken since the last view)
+            if self._reserve_lapsed:
+                reserve = share * (members - 1)
             providers[key] = (
                 min(capacity, max(capacity - share, reserve)),
                 long_capacity - long_share,
@@ -491,6 +498,18 @@ class SharedGate:
                 await self._renew_once()
             except StoreUnavailable as exc:
                 self._went_down(exc)
+                self._still_down()
+
+    def _still_down(self) -> None:
+        """Down for ``lease_ttl_ms`` now: the leases the other members were last seen holding
+        over their share would have expired in the store, as a dead member's do — each member
+        is reserved its share only from now on."""
+        if self._reserve_lapsed or self._state != "down" or self._down_since is None:
+            return
+        if self._clock.now() - self._down_since < self._ttl_ms / 1000:
+            return
+        self._reserve_lapsed = True
+        self._split()
 
     async def _renew_once(self) -> None:
         if self._state == "down":

@@ -347,3 +347,38 @@ async def test_an_edge_that_never_reached_the_store_admits_nothing_until_it_answ
         async with asyncio.timeout(BOUND):
             await edge.admission.aclose()
             await edge.gate.aclose()
+
+
+async def test_the_others_last_known_leases_are_reserved_only_until_they_would_expire(
+    own_redis: RedisServer,
+) -> None:
+    """The store lost while edge c saw the other two hold the whole capacity: c reserves
+    their leases as the store would have counted them, and no longer — once
+    ``lease_ttl_ms`` has passed without the store, c holds its static split, floor(4 / 3),
+    like every edge. (Before, c reserved them for the whole outage: found end to end, every
+    edge saw the others' leases of a different moment, and none served at all.)"""
+    redis_server = own_redis
+    redis_server.flushall()
+    async with edges(redis_server.url, policy(capacity=4, ttl_ms=3000), n=3) as (a, b, c):
+        held = [await a.admission.admit("m") for _ in range(2)]
+        held += [await b.admission.admit("m") for _ in range(2)]
+        # Edge c's request is refused by the full store: it waits, the store's count known.
+        waiting = asyncio.create_task(c.admission.admit("m"))
+        await until(lambda: c.gate.statistics().refused == 1)
+        redis_server.kill()
+        await until(lambda: c.gate.statistics().state == "down", c.clock)
+        for lease in held:  # (their releases wait for the store)
+            lease.release()
+        # Edges a and b may have held 4 until now: c's request waits while their leases
+        # would still count in the store...
+        c.clock.advance(2.9)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        assert c.admission.statistics().providers[0].held_elsewhere == 4
+        # ... and goes once they would have expired: c holds its split, 1.
+        await until(waiting.done, c.clock)
+        lease = waiting.result()
+        assert c.admission.statistics().providers[0].held_elsewhere == 3
+        lease.release()
+        redis_server.restart()
