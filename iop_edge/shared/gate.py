@@ -439,11 +439,13 @@ class SharedGate:
     async def _came_back(self) -> None:
         """The store answers again: send the releases it missed, write back the leases held
         here, and keep the split one more renewal period (the other edges write theirs)."""
+        self._members = await self._store.heartbeat(self._ttl_ms)  # (it answers: go on)
         await self._flush_unsent()
-        await self._store.reassert([ref for ref, _ in self._held.values()], self._ttl_ms)
-        self._members = await self._store.heartbeat(self._ttl_ms)
+        # From here a new lease goes to the store itself (the split still bounds this edge):
+        # one taken while the leases are written back is in the store as well.
         self._state = "recovering"
         self._recovered_at = self._clock.now()
+        await self._store.reassert([ref for ref, _ in self._held.values()], self._ttl_ms)
         self._log.info(
             "shared_store_back",
             store=self._store.redacted_url,
@@ -465,8 +467,12 @@ class SharedGate:
 
     async def _flush_unsent(self) -> None:
         while self._unsent:
-            await self._store.release(self._unsent[-1])
-            self._unsent.pop()
+            ref = self._unsent.pop()
+            try:
+                await self._store.release(ref)
+            except BaseException:
+                self._unsent.append(ref)  # (sent again at the next try)
+                raise
 
     # -- background ----------------------------------------------------------------------------
 

@@ -16,20 +16,13 @@ from iop_edge.config.policy import pool_policy, shared_policy
 from iop_edge.config.refresh import RESTART_REASONS, RefreshOutcome, classify, refresh
 from iop_edge.config.schema import SharedSection
 from iop_edge.pool import PoolPolicy, SharedPolicy
-from tests.helpers.config import base_doc, load, problem_at, problems
+from tests.helpers.config import base_doc, load, problem_at, problems, with_shared
 
 PATH = "provider_pool.shared"
 STORE = f"{PATH}.store"
 REDIS_FORM = "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]"
 UNIX_FORM = "unix://[[USER]:PASSWORD@]/SOCKET/PATH[?db=DB]"
 EVERY_FORM = f"{REDIS_FORM}, rediss://[[USER]:PASSWORD@]HOST[:PORT][/DB] or {UNIX_FORM}"
-
-
-def with_shared(**fields: Any) -> dict[str, Any]:
-    """The base document with ``provider_pool.shared`` set to ``fields``."""
-    doc = base_doc()
-    doc["provider_pool"]["shared"] = fields
-    return doc
 
 
 # --- parsing and defaults -----------------------------------------------------------------

@@ -24,9 +24,8 @@ from iop_edge.config.redact import REDACTED, redact, redact_store_url
 from iop_edge.config.refresh import refresh
 from iop_edge.runtime.logs import get_logger
 from iop_edge.supervisor import RefreshRecord, Supervisor
-from tests.config.test_shared_config import with_shared
-from tests.helpers.config import load
-from tests.test_config_source import HandSource
+from tests.helpers.config import load, with_shared
+from tests.helpers.hand_source import HandSource
 
 SECRET = "Sup3r-Secret-PW"
 ROTATED = "R0tated-Secret-PW"
