@@ -161,6 +161,14 @@ class AdapterError(IopEdgeError):
         super().__init__(message)
 
 
+class LeaseLost(AdapterError):
+    """The shared store no longer counts the request's lease (its edge could not renew it in
+    time): the request is stopped. Not the provider's doing; its message is the client's."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("upstream_error", message, status=503, failure=None)
+
+
 class AuthError(IopEdgeError):
     """A request lacks a valid principal token or a required provider credential."""
 

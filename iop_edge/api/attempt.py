@@ -23,7 +23,7 @@ from iop_edge.api.errors import client_message
 from iop_edge.api.keepalive import Keepalive
 from iop_edge.api.record import RequestRecord
 from iop_edge.api.surface import Renderer
-from iop_edge.errors import AdapterError
+from iop_edge.errors import AdapterError, LeaseLost
 from iop_edge.pool import Failure
 from iop_edge.runtime.listeners import ConnectionGuard
 from iop_edge.seams import Clock
@@ -98,7 +98,7 @@ def _lost(lease: Lease | None) -> AdapterError:
     if lease is None or lease.lost is None or task is None:
         raise asyncio.CancelledError
     task.uncancel()
-    return AdapterError("upstream_error", lease.lost, status=503, failure=None)
+    return LeaseLost(lease.lost)
 
 
 def _answer(

@@ -36,6 +36,7 @@ from iop_edge.errors import (
     AdmissionReason,
     AuthError,
     IopEdgeError,
+    LeaseLost,
     RequestError,
 )
 
@@ -73,6 +74,8 @@ def describe(exc: IopEdgeError) -> tuple[int, str, str | None]:
 def client_message(exc: IopEdgeError, provider: str | None) -> str:
     """The message a client sees. Upstream failures name the provider only: the adapter's own
     message (with URLs, commands, stderr) goes to the edge's log, not to the client."""
+    if isinstance(exc, LeaseLost):
+        return str(exc)  # (it names nothing internal)
     if isinstance(exc, AdapterError) and exc.code in ("upstream_error", "upstream_timeout"):
         who = f"provider '{provider}'" if provider else "upstream"
         what = "did not answer in time" if exc.code == "upstream_timeout" else "failed"

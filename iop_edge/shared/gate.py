@@ -535,8 +535,9 @@ class SharedGate:
             self._lost += 1
             self._log.warning("shared_lease_lost", lease=lease_id, provider=held[0].provider)
             held[1].lose(
-                f"the shared store {self._store.redacted_url} no longer counts this request's "
-                "lease (this edge could not renew it within provider_pool.shared.lease_ttl_ms)"
+                "the shared pool's store no longer counts this request's lease (its edge could "
+                "not renew it within provider_pool.shared.lease_ttl_ms); the request was "
+                "stopped, retry it"
             )
 
     async def _listen_loop(self) -> None:
