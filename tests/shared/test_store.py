@@ -535,6 +535,7 @@ async def test_statistics_count_calls_errors_and_latency(stores):
         ("redis://:s3cret@10.0.0.5:6379/0", "redis://:***@10.0.0.5:6379/0"),
         ("rediss://user:s3cret@cache.example:6380/2", "rediss://user:***@cache.example:6380/2"),
         ("redis://10.0.0.5:6379/0", "redis://10.0.0.5:6379/0"),
+        ("redis://t0ken@10.0.0.5:6379/0", "redis://***@10.0.0.5:6379/0"),
         ("unix://:s3cret@/run/redis/redis.sock?db=0", "unix://:***@/run/redis/redis.sock?db=0"),
         ("unix:///run/redis.sock?db=1&password=s3cret", "unix:///run/redis.sock?db=1&password=***"),
     ],
