@@ -192,6 +192,7 @@ class Daemon:
             config=self.config,
             nodes=None if self.node_links is None else self.node_links.statistics,
             node_refusals=lambda: self.node_links.refused if self.node_links else {},
+            shared=None if self.scheduler.gate is None else self.scheduler.gate.statistics,
         )
         self.server = OpenAIServer(
             self.config,

@@ -110,14 +110,17 @@ class StoreStatistics:
 
 
 def redact_store_url(url: str) -> str:
-    """``url`` with its password hidden: ``redis://:***@host:6379/0``; in a ``unix://`` URL the
-    ``password`` query parameter too."""
+    """``url`` with its password hidden: ``redis://:***@host:6379/0``; a user name alone too
+    (``redis://***@host``: a token is sometimes passed that way, as the config's redaction
+    says); in a ``unix://`` URL the ``password`` query parameter too."""
     parts = urlsplit(url)
     netloc = parts.netloc
+    user, at, host = netloc.rpartition("@")
     if parts.password is not None:
-        user, _, host = netloc.rpartition("@")
         name = user.partition(":")[0]
         netloc = f"{name}:{HIDDEN}@{host}"
+    elif at:
+        netloc = f"{HIDDEN}@{host}"
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)

@@ -454,6 +454,8 @@ class SharedStore:
     async def _call(self, op: Op, call: Callable[[], Awaitable[T]]) -> T:
         tally = self._tally
         tally.calls[op] += 1
+        task = asyncio.current_task()
+        cancelling = task.cancelling() if task is not None else 0
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.op_timeout):
@@ -465,6 +467,11 @@ class SharedStore:
             raise failure from exc
         tally.observe(time.perf_counter() - started)
         tally.last_error = None
+        if task is not None and task.cancelling() > cancelling:
+            # redis-py (8.2) can answer a call whose task was cancelled meanwhile (a cancel
+            # landing while it hands the connection back to its pool) without raising: the
+            # cancel would be lost, and a loop stopped by cancelling its task never stop.
+            raise asyncio.CancelledError
         return result
 
     def _fail(self, op: str, message: str) -> None:

@@ -6,6 +6,7 @@ refusing) with the password hidden."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -534,6 +535,7 @@ async def test_statistics_count_calls_errors_and_latency(stores):
         ("redis://:s3cret@10.0.0.5:6379/0", "redis://:***@10.0.0.5:6379/0"),
         ("rediss://user:s3cret@cache.example:6380/2", "rediss://user:***@cache.example:6380/2"),
         ("redis://10.0.0.5:6379/0", "redis://10.0.0.5:6379/0"),
+        ("redis://t0ken@10.0.0.5:6379/0", "redis://***@10.0.0.5:6379/0"),
         ("unix://:s3cret@/run/redis/redis.sock?db=0", "unix://:***@/run/redis/redis.sock?db=0"),
         ("unix:///run/redis.sock?db=1&password=s3cret", "unix:///run/redis.sock?db=1&password=***"),
     ],
@@ -572,3 +574,24 @@ class _store:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.store.aclose()
+
+
+async def test_a_cancel_the_client_swallowed_still_stops_the_caller(redis_url):
+    """A call answered although its task was cancelled meanwhile (redis-py can: a cancel that
+    lands while it hands its connection back) raises ``CancelledError``: a loop stopped by
+    cancelling its task (the gate's renewals, at ``aclose``) stops, instead of running on."""
+    store = SharedStore(redis_url, instance_id="e1")
+    entered = asyncio.Event()
+
+    async def answers_anyway() -> str:
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):  # (what the client did)
+            await asyncio.Event().wait()
+        return "answered"
+
+    call = asyncio.create_task(store._call("view", answers_anyway))
+    await entered.wait()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await store.aclose()
