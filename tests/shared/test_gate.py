@@ -169,7 +169,7 @@ async def test_many_concurrent_requests_on_three_edges_never_pass_the_capacity(
 
         async with asyncio.timeout(30):
             await asyncio.gather(*(one(trio[i % 3]) for i in range(300)))
-        assert peak == 3
+        assert peak <= 3  # (3 when the loop interleaves them; never more)
         await until(lambda: all(e.gate.statistics().leases == 0 for e in trio))
 
 
