@@ -132,6 +132,12 @@ class SharedGate:
         self._principal_mine: Counter[str] = Counter()
         self._counts: dict[ProviderKey, tuple[int, int]] = {}
         self._held_by: dict[ProviderKey, Mapping[str, int]] = {}
+        #: the version of the counts last applied, per provider and per principal
+        self._versions: dict[ProviderKey, int] = {}
+        self._principal_versions: dict[str, int] = {}
+        #: what the others hold, as last applied (what admission has while the store rules)
+        self._elsewhere: dict[ProviderKey, tuple[int, int]] = {}
+        self._principal_elsewhere: dict[str, int] = {}
         self._unsent: list[LeaseRef] = []  # releases the store did not take (it was down)
         self._state: StoreState = "up"
         self._down_since: float | None = None
@@ -341,39 +347,79 @@ class SharedGate:
 
     # -- counts ------------------------------------------------------------------------------
 
-    def _counted(self, key: ProviderKey, grant: Grant | Released, principal: str | None) -> None:
-        """The store answered counts after an operation: what is held elsewhere follows."""
-        self._counts[key] = (grant.held, grant.long_held)
+    def _counted(self, key: ProviderKey, answer: Grant | Released, principal: str | None) -> None:
+        """The store answered this edge's own acquire or release: its counts, its version and
+        this edge's leases among them (``mine``) say exactly what the others held then. An
+        answer older than one applied already (answers cross on the way) changes nothing."""
+        mine = answer.mine
+        assert mine is not None
+        providers: dict[ProviderKey, tuple[int, int]] = {}
+        if answer.version > self._versions.get(key, -1):
+            self._versions[key] = answer.version
+            self._counts[key] = (answer.held, answer.long_held)
+            providers[key] = (answer.held - mine[0], answer.long_held - mine[1])
         principals: dict[str, int] = {}
-        if principal is not None:
-            principals[principal] = grant.principal_held - self._principal_mine[principal]
-        if self._state != "up":
-            return
-        admission = self._admission
-        assert admission is not None
-        admission.set_elsewhere(
-            {key: (grant.held - self._mine[key], grant.long_held - self._long_mine[key])},
-            principals,
-        )
+        if principal is not None and answer.version > self._principal_versions.get(principal, -1):
+            self._principal_versions[principal] = answer.version
+            principals[principal] = answer.principal_held - mine[2]
+        self._elsewhere_now(providers, principals)
 
     def _on_release(self, released: Released) -> None:
+        """Another edge released a lease (its message): a slot may be free. What this edge held
+        at that moment is not in the message, so the message may only lower what is held
+        elsewhere — an edge's own answers and the views say it exactly."""
         key = self._keys.get(released.provider)
-        if key is not None:
-            self._counted(key, released, released.principal)
+        if key is None or released.instance == self._store.instance_id:
+            return  # (this edge's own: its release's answer was applied)
+        providers: dict[ProviderKey, tuple[int, int]] = {}
+        if released.version > self._versions.get(key, -1):
+            self._versions[key] = released.version
+            self._counts[key] = (released.held, released.long_held)
+            general, long = self._elsewhere.get(key, (0, 0))
+            providers[key] = (
+                min(general, max(0, released.held - self._mine[key])),
+                min(long, max(0, released.long_held - self._long_mine[key])),
+            )
+        principals: dict[str, int] = {}
+        ref = released.principal
+        if ref is not None and released.version > self._principal_versions.get(ref, -1):
+            self._principal_versions[ref] = released.version
+            held = max(0, released.principal_held - self._principal_mine[ref])
+            principals[ref] = min(self._principal_elsewhere.get(ref, 0), held)
+        self._elsewhere_now(providers, principals)
 
     def _apply_view(self, view: StoreView) -> None:
+        """A view: every count, exact at its version, this edge's leases named in it."""
         self._members = max(view.members, 1)
+        me = self._store.instance_id
         providers: dict[ProviderKey, tuple[int, int]] = {}
         for name, seen in view.providers.items():
             key = self._keys.get(name)
             if key is None:
                 continue
-            self._counts[key] = (seen.held, seen.long_held)
             self._held_by[key] = seen.held_by
-            providers[key] = (seen.held - self._mine[key], seen.long_held - self._long_mine[key])
-        principals = {}
+            if view.version > self._versions.get(key, -1):
+                self._versions[key] = view.version
+                self._counts[key] = (seen.held, seen.long_held)
+                providers[key] = (
+                    seen.held - seen.held_by.get(me, 0),
+                    seen.long_held - seen.long_mine,
+                )
+        principals: dict[str, int] = {}
         for ref, held in view.principals.items():
-            principals[ref] = held - self._principal_mine[ref]
+            if view.version > self._principal_versions.get(ref, -1):
+                self._principal_versions[ref] = view.version
+                principals[ref] = held - view.principals_mine.get(ref, 0)
+        self._elsewhere_now(providers, principals)
+
+    def _elsewhere_now(
+        self, providers: dict[ProviderKey, tuple[int, int]], principals: dict[str, int]
+    ) -> None:
+        """Keep what is held elsewhere, and tell admission while the store's counts rule."""
+        if not (providers or principals):
+            return
+        self._elsewhere.update(providers)
+        self._principal_elsewhere.update(principals)
         if self._state == "up":
             assert self._admission is not None
             self._admission.set_elsewhere(providers, principals)
@@ -495,7 +541,9 @@ class SharedGate:
             self._unsent.append(ref)
             self._went_down(exc)
             return
-        self._on_release(released)
+        key = self._keys.get(released.provider)
+        if key is not None:
+            self._counted(key, released, released.principal)
 
     async def _renew_loop(self) -> None:
         while True:

@@ -4,7 +4,7 @@ snapshot, and the URL as shown to people. Plain frozen data; the client is :mod:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -57,6 +57,10 @@ class Grant:
     held: int
     long_held: int
     principal_held: int
+    #: orders every answer about these counts (the store's counter when it answered)
+    version: int = field(default=0, compare=False)
+    #: of those counts, the leases of the instance that asked (general, long, principal)
+    mine: tuple[int, int, int] = field(default=(0, 0, 0), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,10 @@ class Released:
     principal: str | None
     principal_held: int
     instance: str
+    #: orders every answer about these counts (the store's counter when it answered)
+    version: int = field(default=0, compare=False)
+    #: the leases of the instance that asked (the reply to its release; a message: ``None``)
+    mine: tuple[int, int, int] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +88,8 @@ class ProviderView:
     held: int
     long_held: int
     held_by: Mapping[str, int]
+    #: the long-context leases of the instance that asked
+    long_mine: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,10 @@ class StoreView:
     providers: Mapping[str, ProviderView]
     principals: Mapping[str, int]
     members: int
+    #: orders every answer about these counts (the store's counter when it answered)
+    version: int = field(default=0, compare=False)
+    #: each principal's leases of the instance that asked
+    principals_mine: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +153,7 @@ def redact_store_url(url: str) -> str:
 def decode_released(data: object) -> Released | None:
     """A release message as :data:`scripts.RELEASE` publishes it (``None``: not one)."""
     try:
-        provider, held, long_held, principal, principal_held, instance = orjson.loads(
+        provider, held, long_held, principal, principal_held, instance, version = orjson.loads(
             cast("str | bytes", data)
         )
         return Released(
@@ -149,6 +163,7 @@ def decode_released(data: object) -> Released | None:
             principal=str(principal) or None,
             principal_held=int(principal_held),
             instance=str(instance),
+            version=int(version),
         )
     except (TypeError, ValueError):
         return None

@@ -29,13 +29,33 @@ local function live(key)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   return redis.call('ZCARD', key)
 end
+-- the next version of the counts: a counter that starts, when the store has none (a new or
+-- restarted store), at the server's clock in microseconds, so that it never goes back
+local function next_version(key)
+  if redis.call('EXISTS', key) == 0 then
+    local t = redis.call('TIME')
+    local base = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', key, string.format('%d', base))
+  end
+  return redis.call('INCR', key)
+end
+-- the members of one instance in a set (its lease ids start with "instance:")
+local function held_by(key, instance)
+  local prefix = instance .. ':'
+  local n = 0
+  for _, member in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    if string.sub(member, 1, #prefix) == prefix then n = n + 1 end
+  end
+  return n
+end
 """
 
 ACQUIRE: Final = (
     _NOW
     + """
 -- KEYS: general, long[, principal]
--- ARGV: now, lease id, ttl ms, capacity, long ('1'|'0'), long capacity, principal cap ('' none)
+-- ARGV: now, lease id, ttl ms, capacity, long ('1'|'0'), long capacity, principal cap ('' none),
+-- the version counter's key
 local id = ARGV[2]
 local expiry = now + tonumber(ARGV[3])
 local is_long = ARGV[5] == '1'
@@ -64,7 +84,12 @@ if refused == '' then
     principal_held = principal_held + redis.call('ZADD', KEYS[3], expiry, id)
   end
 end
-return {refused, held, long_held, principal_held}
+-- the version orders every answer about these counts; the caller's own leases in each set
+local instance = string.match(id, '^[^:]*')
+local mine = {held_by(KEYS[1], instance), held_by(KEYS[2], instance), 0}
+if has_principal then mine[3] = held_by(KEYS[3], instance) end
+local version = next_version(ARGV[8])
+return {refused, held, long_held, principal_held, version, mine[1], mine[2], mine[3]}
 """
 )
 
@@ -72,7 +97,7 @@ RELEASE: Final = (
     _NOW
     + """
 -- KEYS: general, long[, principal]
--- ARGV: now, lease id, channel, provider, principal ('' none), instance
+-- ARGV: now, lease id, channel, provider, principal ('' none), instance, the version's key
 local id = ARGV[2]
 local changed = 0
 local function drop(key)
@@ -86,11 +111,15 @@ local principal_held = 0
 if #KEYS >= 3 then principal_held = drop(KEYS[3]) end
 -- a release that changed nothing (already released, or expired and dropped before) tells
 -- nobody: no slot was freed by it
+local version = next_version(ARGV[7])
+-- (the version as a string: cjson writes a number with 14 digits, and a version has 16)
 if changed > 0 then
   redis.call('PUBLISH', ARGV[3], cjson.encode(
-    {ARGV[4], held, long_held, ARGV[5], principal_held, ARGV[6]}))
+    {ARGV[4], held, long_held, ARGV[5], principal_held, ARGV[6], string.format('%d', version)}))
 end
-return {held, long_held, principal_held}
+local mine = {held_by(KEYS[1], ARGV[6]), held_by(KEYS[2], ARGV[6]), 0}
+if #KEYS >= 3 then mine[3] = held_by(KEYS[3], ARGV[6]) end
+return {held, long_held, principal_held, version, mine[1], mine[2], mine[3]}
 """
 )
 
@@ -148,10 +177,11 @@ VIEW: Final = (
     _NOW
     + """
 -- KEYS: members, then general and long of each provider, then each principal's
--- ARGV: now, number of providers
--- returns: members, {held, long held, {instance, count, ...}} per provider, principal counts
+-- ARGV: now, number of providers, the version's key, the caller's instance
+-- returns: members, version, {held, long held, {instance, count, ...}, the caller's long}
+-- per provider, {count, the caller's} per principal
 local providers = tonumber(ARGV[2])
-local found = {live(KEYS[1])}
+local found = {live(KEYS[1]), next_version(ARGV[3])}
 for i = 1, providers do
   local general = KEYS[2 * i]
   local held = live(general)
@@ -170,10 +200,13 @@ for i = 1, providers do
     by[#by + 1] = instance
     by[#by + 1] = counts[instance]
   end
-  found[#found + 1] = {held, live(KEYS[2 * i + 1]), by}
+  local long = KEYS[2 * i + 1]
+  found[#found + 1] = {held, live(long), by, held_by(long, ARGV[4])}
 end
 local principals = {}
-for j = 2 * providers + 2, #KEYS do principals[#principals + 1] = live(KEYS[j]) end
+for j = 2 * providers + 2, #KEYS do
+  principals[#principals + 1] = {live(KEYS[j]), held_by(KEYS[j], ARGV[4])}
+end
 found[#found + 1] = principals
 return found
 """

@@ -174,6 +174,7 @@ class SharedStore:
         self.redacted_url = shown
         self.channel = f"{prefix}:released"
         self._members_key = f"{prefix}:members"
+        self._version_key = f"{prefix}:version"
         self._password = urlsplit(url).password
         self._now_ms = now_ms
         self._tally = _Tally()
@@ -281,15 +282,18 @@ class SharedStore:
             "1" if lease.long else "0",
             long_capacity,
             "" if principal_cap is None else principal_cap,
+            self._version_key,
         ]
         reply = await self._call("acquire", lambda: self._acquire(keys=keys, args=args))
-        refused, held, long_held, principal_held = cast("list[Any]", reply)
+        refused, held, long_held, principal_held, version, *mine = cast("list[Any]", reply)
         return Grant(
             granted=not refused,
             refused=refused or None,
             held=int(held),
             long_held=int(long_held),
             principal_held=int(principal_held),
+            version=int(version),
+            mine=(int(mine[0]), int(mine[1]), int(mine[2])),
         )
 
     async def release(self, lease: LeaseRef) -> Released:
@@ -304,9 +308,10 @@ class SharedStore:
             lease.provider,
             lease.principal or "",
             lease.instance,
+            self._version_key,
         ]
         reply = await self._call("release", lambda: self._release(keys=keys, args=args))
-        held, long_held, principal_held = (int(n) for n in cast("list[Any]", reply))
+        held, long_held, principal_held, version, *mine = (int(n) for n in cast("list[Any]", reply))
         return Released(
             provider=lease.provider,
             held=held,
@@ -314,6 +319,8 @@ class SharedStore:
             principal=lease.principal,
             principal_held=principal_held,
             instance=lease.instance,
+            version=version,
+            mine=(mine[0], mine[1], mine[2]),
         )
 
     async def renew(self, leases: Sequence[LeaseRef], ttl_ms: int) -> list[str]:
@@ -367,17 +374,26 @@ class SharedStore:
         for name in names:
             keys += [self.lease_key(name), self.long_key(name)]
         keys += [self.principal_key(ref) for ref in refs]
-        args: list[str | int] = [self._now(), len(names)]
+        args: list[str | int] = [self._now(), len(names), self._version_key, self.instance_id]
         reply = cast(
             "list[Any]", await self._call("view", lambda: self._view(keys=keys, args=args))
         )
-        members, *per_provider, per_principal = reply
+        members, version, *per_provider, per_principal = reply
         seen: dict[str, ProviderView] = {}
-        for name, (held, long_held, flat) in zip(names, per_provider, strict=True):
+        for name, (held, long_held, flat, long_mine) in zip(names, per_provider, strict=True):
             by = {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
-            seen[name] = ProviderView(held=int(held), long_held=int(long_held), held_by=by)
-        counts = {ref: int(n) for ref, n in zip(refs, per_principal, strict=True)}
-        return StoreView(providers=seen, principals=counts, members=int(members))
+            seen[name] = ProviderView(
+                held=int(held), long_held=int(long_held), held_by=by, long_mine=int(long_mine)
+            )
+        counts = {ref: int(n) for ref, (n, _) in zip(refs, per_principal, strict=True)}
+        mine = {ref: int(m) for ref, (_, m) in zip(refs, per_principal, strict=True)}
+        return StoreView(
+            providers=seen,
+            principals=counts,
+            members=int(members),
+            version=int(version),
+            principals_mine=mine,
+        )
 
     # -- rates ------------------------------------------------------------------------------
 

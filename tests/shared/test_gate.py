@@ -382,3 +382,23 @@ async def test_the_others_last_known_leases_are_reserved_only_until_they_would_e
         assert c.admission.statistics().providers[0].held_elsewhere == 3
         lease.release()
         redis_server.restart()
+
+
+async def test_a_freed_slot_goes_to_the_next_waiter_without_waiting_for_a_resync(
+    store_url: str,
+) -> None:
+    """Capacity 1 handed from request to request, on one edge and across two: answers that
+    cross on the way (a refusal answered after the release that freed the slot) never leave a
+    waiter behind. The gates' clocks stand still, so no resync runs: a waiter left behind
+    would wait for ever and fail the test."""
+    async with edges(store_url, policy(capacity=1)) as (a, b):
+
+        async def loop(edge: Edge, n: int) -> None:
+            for _ in range(n):
+                lease = await edge.admission.admit("m")
+                await asyncio.sleep(0)
+                lease.release()
+
+        async with asyncio.timeout(20):
+            await asyncio.gather(loop(a, 100), loop(a, 100), loop(b, 100))
+        await until(lambda: a.gate.statistics().leases == b.gate.statistics().leases == 0)

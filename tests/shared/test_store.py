@@ -105,6 +105,33 @@ async def test_acquire_grants_up_to_capacity_and_refuses_the_next_with_provider(
     ]
 
 
+async def test_every_answer_has_a_newer_version_and_the_askers_own_leases(stores):
+    """The version orders answers about the counts (an edge applies none older than one it
+    applied); ``mine`` counts the asker's own leases among them, exact at that version."""
+    a, b = stores("a"), stores("b")
+    first = await a.acquire(
+        lease(1, long=True, principal="app"),
+        capacity=4,
+        long_capacity=2,
+        principal_cap=3,
+        ttl_ms=TTL,
+    )
+    other = await b.acquire(
+        LeaseRef("b:1", P, principal="app"), capacity=4, principal_cap=3, ttl_ms=TTL
+    )
+    second = await a.acquire(lease(2, principal="app"), capacity=4, principal_cap=3, ttl_ms=TTL)
+    assert first.version < other.version < second.version
+    assert (first.mine, other.mine, second.mine) == ((1, 1, 1), (1, 0, 1), (2, 1, 2))
+    released = await a.release(lease(1, long=True, principal="app"))
+    assert released.version > second.version
+    assert released.mine == (1, 0, 1)
+    view = await a.view([P], ["app"])
+    assert view.version > released.version
+    assert view.providers[P].held_by == {"a": 1, "b": 1}
+    assert view.providers[P].long_mine == 0
+    assert view.principals_mine == {"app": 1}
+
+
 async def test_the_refusal_order_is_provider_then_long_then_principal(stores, raw):
     """With several limits full, the first in the order provider, long, principal is named,
     and a refusal changes nothing."""
@@ -366,10 +393,13 @@ async def test_listen_hears_every_release_that_freed_something(stores, raw):
         # a release that frees nothing, and a message that is no release: neither is heard
         await a.release(lease(9))
         raw.publish("iop-edge:released", "not a release")
-        await a.release(lease(1, long=True, principal="app"))
+        answer = await a.release(lease(1, long=True, principal="app"))
         async with asyncio.timeout(BOUND):
             await arrived.wait()
         assert heard == [Released(P, 1, 0, "app", 0, "a")]
+        # the message carries the release's version exactly (16 digits: not a JSON number,
+        # which the store's cjson writes with 14)
+        assert heard[0].version == answer.version > 10**15
     finally:
         listening.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -378,8 +408,9 @@ async def test_listen_hears_every_release_that_freed_something(stores, raw):
 
 
 def test_a_release_message_decodes_or_is_skipped():
-    message = '["n/p",1,0,"",0,"a"]'
+    message = '["n/p",1,0,"",0,"a",7]'
     assert decode_released(message) == Released("n/p", 1, 0, None, 0, "a")
+    assert decode_released(message).version == 7  # type: ignore[union-attr]
     for other in (
         "",
         "[]",

@@ -171,7 +171,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 self.members(key)[lease.lease_id] = self.now + ttl
             counts = [len(self.members(general)), len(self.members(long_key))]
             counts.append(len(self.members(principal_key)) if lease.principal else 0)
-        assert grant == Grant(refused is None, refused, *counts)
+        assert grant == Grant(refused is None, refused, counts[0], counts[1], counts[2])
 
     @rule(lease=leases)
     def release(self, lease: LeaseRef) -> None:
