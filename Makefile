@@ -9,7 +9,7 @@ LOCK   := requirements.lock
 # Where `make install` puts the production venv (deploy/iop-edge.service runs PREFIX/bin/iop-edge).
 PREFIX ?= /opt/iop-edge
 
-.PHONY: run test lint docs bench bench-check bench-baseline bench-peers setup lock install clean
+.PHONY: run test lint docs bench bench-check bench-baseline bench-peers setup lock install clean redis
 
 # Create the venv when missing and (re)install the project when pyproject.toml or the lock
 # changes. The runtime dependencies are installed at the lock's versions, so the tests run
@@ -53,8 +53,33 @@ run: $(STAMP)
 # floor the run fails. Measured 92.8 % when the floor was set (issue 11).
 COVERAGE_FLOOR := 90
 
-test: $(STAMP)
+test: $(STAMP) redis
 	$(BIN)/python -m pytest -q --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
+
+# The tests (and benches) of the shared store run a real redis-server: each starts its own on
+# 127.0.0.1 at a free port (iop_edge/testing/redis_server.py), so a system service is neither
+# needed nor used. Found as $$IOP_EDGE_REDIS_SERVER, on PATH, or where Debian puts it; else
+# installed with apt-get when run as root (CI, containers); else this fails and says what to
+# run. Never skipped.
+REDIS_CANDIDATES ?= /usr/bin/redis-server /usr/sbin/redis-server
+REDIS_APT := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server
+
+redis:
+	@if [ -n "$$IOP_EDGE_REDIS_SERVER" ]; then \
+		test -x "$$IOP_EDGE_REDIS_SERVER" || { echo "make redis: IOP_EDGE_REDIS_SERVER=$$IOP_EDGE_REDIS_SERVER is not an executable file" >&2; exit 1; }; \
+	elif command -v redis-server >/dev/null 2>&1 || for p in $(REDIS_CANDIDATES); do [ -x $$p ] && break; false; done; then \
+		:; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make redis: installing redis-server (Debian's package) for the tests of the shared store"; \
+		$(REDIS_APT) >/dev/null || { apt-get update -qq && $(REDIS_APT) >/dev/null; } || \
+			{ echo "make redis: apt-get could not install redis-server (see above)" >&2; exit 1; }; \
+	else \
+		echo "make redis: the tests of the shared store run a real redis-server, and none was found" >&2; \
+		echo "  (not on PATH, not at $(REDIS_CANDIDATES), IOP_EDGE_REDIS_SERVER unset)." >&2; \
+		echo "  Install it: sudo apt-get install -y redis-server   (Debian, Ubuntu; or: sudo make redis)" >&2; \
+		echo "  or set IOP_EDGE_REDIS_SERVER to the path of a redis-server (or valkey-server) binary." >&2; \
+		exit 1; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check iop_edge tests bench tools
@@ -67,7 +92,7 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
-bench: $(STAMP)
+bench: $(STAMP) redis
 	$(BIN)/python bench/run_all.py
 
 # The regression check (under 2 minutes): iop-edge's CPU per request over the pass-through's and

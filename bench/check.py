@@ -43,7 +43,7 @@ from typing import Any, Generic, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import MODEL, ROOT, BenchProcess, ProcessSet, Target, have_taskset, start_fake
+from peers import MODEL, ROOT, CpuMeasured, ProcessSet, Target, have_taskset, start_fake
 from proxy_bench import RESULTS, Bench, meta
 from proxy_bench import parse_options as proxy_bench_options
 from regression import (
@@ -178,7 +178,7 @@ def quiet_rounds(
     *,
     proxy_core: int | None,
     load_core: int | None,
-    running: Mapping[int, Sequence[BenchProcess]],
+    running: Mapping[int, Sequence[CpuMeasured]],
     max_other_work: float,
 ) -> QuietRounds[R]:
     """Measure ``count`` rounds, each by ``measure_round(index, label)`` (``index`` counts
@@ -230,12 +230,13 @@ def measure_cell(
     store: bool = False,
     label: str | None = None,
     loadgen_args: Sequence[str] = (),
-    others: Mapping[str, BenchProcess] | None = None,
+    others: Mapping[str, CpuMeasured] | None = None,
+    duration: float | None = None,
 ) -> dict[str, Any]:
     """One cell, checked (:class:`BrokenRun` when a request failed or no CPU was measured);
     measured once more when the machine stalled through its window. ``label`` names the cell
     in errors (default: the target, mode and concurrency); ``api``, ``model``, ``store``,
-    ``loadgen_args`` and ``others`` are :meth:`Bench.measure`'s."""
+    ``loadgen_args``, ``others`` and ``duration`` are :meth:`Bench.measure`'s."""
     label = label or f"{target.name} {'stream' if stream else 'plain'} c={concurrency}"
     for attempt in (1, 2):
         try:
@@ -248,6 +249,7 @@ def measure_cell(
                 store=store,
                 loadgen_args=loadgen_args,
                 others=others,
+                duration=duration,
             )
         except (RuntimeError, OSError, ValueError) as exc:
             raise BrokenRun(f"{label}: the load generator failed: {exc}") from exc
@@ -265,7 +267,8 @@ def measure_cell(
         # Requests completed, none inside the window: every one of them outlasted it. Seen when
         # the whole machine stalls for a second; a second stall in a row is not noise.
         stalled = (
-            f"{label}: no request completed inside the {bench.options.duration} s window "
+            f"{label}: no request completed inside the "
+            f"{duration or bench.options.duration} s window "
             f"({cell['total_completed']} completed in all, {cell['wall_s']} s)"
         )
         if attempt == 2:

@@ -31,6 +31,12 @@ than this Python client, so more of a shared core is left to the upstream) throu
 script that applies the same success rules to each response body; it reports no ``ttfb``, and
 its durations are whole seconds. The warm-up is a separate wrk run first.
 
+``--also-base-url URL`` (repeatable; the Python engine) spreads the workers over several
+targets, ``--base-url`` and each of these in turn (worker *i* sends to URL *i* mod *n*, so
+``-c 24`` over three URLs is eight workers on each), one closed loop and one window over them
+all: the load of a client in front of several replicas. The output then has ``urls`` and
+``finished_rps_by_url``.
+
 ``--fake-behavior QUERY`` puts a ``[[fake:QUERY]]`` directive before the prompt: the fake
 upstreams of ``iop_edge.testing`` (behind any proxy that passes the conversation on) then answer
 as told, ``chunks=500`` say (with ``--max-tokens`` at least as large).
@@ -118,6 +124,8 @@ class WorkerStats:
     completed_total: int = 0
     finished_in_window: int = 0
     """Successes that ended inside the window, whenever they started."""
+    finished_by_url: dict[str, int] = field(default_factory=dict)
+    """The same, by the URL they were sent to."""
     first_error: str | None = None
 
 
@@ -256,6 +264,7 @@ async def _worker(
             continue
         if kind is None and finished >= start_window:
             stats.finished_in_window += 1
+            stats.finished_by_url[url] = stats.finished_by_url.get(url, 0) + 1
         if started < start_window:
             continue
         if kind is None:
@@ -275,8 +284,16 @@ def load_prompt(options: argparse.Namespace) -> str:
     return PROMPT
 
 
+def request_urls(options: argparse.Namespace) -> list[str]:
+    """Where the requests go: ``--base-url``, then each ``--also-base-url``, with the API's
+    path."""
+    bases = [options.base_url, *(options.also_base_url or ())]
+    return [base.rstrip("/") + APIS[options.api].path for base in bases]
+
+
 def request_parts(options: argparse.Namespace, prompt: str) -> tuple[str, bytes, dict[str, str]]:
-    """The URL, body and headers of the request ``options`` describe, asking for ``prompt``."""
+    """The URL (of ``--base-url``), body and headers of the request ``options`` describe,
+    asking for ``prompt``."""
     url = options.base_url.rstrip("/") + APIS[options.api].path
     payload: dict[str, Any] = {"model": options.model}
     if options.api == "responses":
@@ -302,6 +319,7 @@ def request_parts(options: argparse.Namespace, prompt: str) -> tuple[str, bytes,
 async def run_load(options: argparse.Namespace) -> dict[str, Any]:
     """Run the closed loop and return the summary."""
     url, body, headers = request_parts(options, load_prompt(options))
+    urls = request_urls(options)
     connector = aiohttp.TCPConnector(limit=options.concurrency, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=options.request_timeout)
     stats = WorkerStats()
@@ -314,10 +332,17 @@ async def run_load(options: argparse.Namespace) -> dict[str, Any]:
         workers = [
             asyncio.create_task(
                 _worker(
-                    session, url, body, headers, options.stream, APIS[options.api], window, stats
+                    session,
+                    urls[index % len(urls)],
+                    body,
+                    headers,
+                    options.stream,
+                    APIS[options.api],
+                    window,
+                    stats,
                 )
             )
-            for _ in range(options.concurrency)
+            for index in range(options.concurrency)
         ]
         # Bounded: each worker stops issuing at the window end; one request may still run.
         done, pending = await asyncio.wait(
@@ -330,6 +355,12 @@ async def run_load(options: argparse.Namespace) -> dict[str, Any]:
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     errors_total = sum(stats.errors.values())
+    spread: dict[str, Any] = {}
+    if len(urls) > 1:
+        spread["urls"] = urls
+        spread["finished_rps_by_url"] = [
+            round(stats.finished_by_url.get(each, 0) / options.duration, 2) for each in urls
+        ]
     return {
         "engine": "python",
         "api": options.api,
@@ -349,6 +380,7 @@ async def run_load(options: argparse.Namespace) -> dict[str, Any]:
         "ttfb_ms": _percentiles(stats.ttfbs),
         "total_completed": stats.completed_total,
         "client_cpu_s": round(cpu, 3),
+        **spread,
     }
 
 
@@ -521,6 +553,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Counts a non-200 status or a broken stream as an error, never a success.",
     )
     parser.add_argument("--base-url", required=True, help="OpenAI base URL, http://HOST:PORT/v1")
+    parser.add_argument(
+        "--also-base-url",
+        action="append",
+        metavar="URL",
+        help="another base URL (repeatable): the workers are spread evenly over --base-url "
+        "and these (the Python engine)",
+    )
     parser.add_argument("--model", required=True)
     parser.add_argument("--token", help="bearer token sent as Authorization")
     parser.add_argument("-c", "--concurrency", type=int, default=1)
@@ -563,6 +602,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if options.store and options.api != "responses":
         print("loadgen: --store is a field of --api responses", file=sys.stderr)
+        return 2
+    if options.also_base_url and (options.engine == "wrk" or options.park):
+        print("loadgen: --also-base-url spreads the Python engine's load only", file=sys.stderr)
         return 2
     if options.engine == "wrk" and options.api != "chat":
         # wrk's Lua body checks know chat's stream only

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any, Protocol, Self
 
 import yaml
 
@@ -129,6 +129,15 @@ def process_cpu_seconds(pid: int) -> float:
 def tree_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds used so far by ``pid`` and its live descendants."""
     return sum(process_cpu_seconds(member) for member in process_tree(pid))
+
+
+class CpuMeasured(Protocol):
+    """Something whose CPU time is read over a cell: a :class:`BenchProcess`, or a process a
+    harness of its own started (the shared store's ``redis-server``)."""
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far."""
+        ...
 
 
 @dataclass
@@ -683,7 +692,7 @@ def run_json(argv: Sequence[str], cores: str | None, timeout: float) -> dict[str
     return parsed
 
 
-def sample_cpu(process: BenchProcess | None) -> Callable[[], float]:
+def sample_cpu(process: CpuMeasured | None) -> Callable[[], float]:
     """Start measuring the CPU seconds ``process`` uses; call the result to read the delta."""
     if process is None:
         return lambda: 0.0

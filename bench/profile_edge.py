@@ -21,6 +21,11 @@ by the edge, or with ``--native`` passed through (the config's provider then has
 ``--compare-chat`` compares with iop-edge under chat load (``profile-<mode>-c<N>-chat.*``)
 instead of the pass-through: where the surface's extra CPU goes.
 
+``--shared`` profiles an edge whose config has ``provider_pool.shared`` on a ``redis-server``
+started for the run (``iop_edge.testing.redis_server``; files ``profile-<mode>-c<N>-shared.*``);
+with ``--compare``, the comparison is the same edge without ``shared``
+(``profile-<mode>-c<N>-unshared.*``) instead of the pass-through: where a lease's CPU goes.
+
 py-spy is not a project dependency: ``.venv/bin/pip install py-spy`` first. It needs ptrace
 (root, or ``kernel.yama.ptrace_scope`` 0).
 
@@ -30,13 +35,16 @@ Usage::
     .venv/bin/python bench/profile_edge.py --mode plain -c 16 --duration 10 --compare
     .venv/bin/python bench/profile_edge.py --mode stream --api messages --duration 10 --compare-chat
     .venv/bin/python bench/profile_edge.py --mode stream --api responses --store --compare-chat
+    .venv/bin/python bench/profile_edge.py --mode plain -c 1 --duration 10 --shared --compare
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
+import secrets
 import shutil
 import subprocess
 import sys
@@ -58,6 +66,8 @@ from peers import (
     start_fake,
     start_passthrough,
 )
+
+from iop_edge.testing.redis_server import RedisServer
 
 RESULTS = BENCH / "results"
 
@@ -96,13 +106,22 @@ def _short(frame: str) -> str:
 
 
 def profile(
-    target_name: str, options: argparse.Namespace, py_spy: str, workdir: Path, api: str = "chat"
+    target_name: str,
+    options: argparse.Namespace,
+    py_spy: str,
+    workdir: Path,
+    api: str = "chat",
+    *,
+    shared: bool = False,
 ) -> tuple[Path, float]:
     """Sample one target under load (``api``: what the load sends, chat, Anthropic Messages or
-    OpenAI Responses); its collapsed stacks and the requests per sampled second."""
+    OpenAI Responses; ``shared``: the edge with ``provider_pool.shared`` on a redis-server
+    started for it); its collapsed stacks and the requests per sampled second."""
     stem = options.output / f"profile-{options.mode}-c{options.concurrency}"
     if target_name == "passthrough":
         stem = stem.with_name(stem.name + "-passthrough")
+    elif options.shared:
+        stem = stem.with_name(stem.name + ("-shared" if shared else "-unshared"))
     store = api == "responses" and options.store
     if api != "chat":
         suffix = f"-{api}" + ("-stored" if store else "") + ("-native" if options.native else "")
@@ -110,7 +129,7 @@ def profile(
     elif options.compare_chat:
         stem = stem.with_name(stem.name + "-chat")  # the reference of a surface's profile
     model = NATIVE_MODEL if api != "chat" and options.native else MODEL
-    with ProcessSet() as processes:
+    with ProcessSet() as processes, contextlib.ExitStack() as stack:
         fake = start_fake(processes, workdir, None)
         token, digest = new_principal_token()
         if target_name == "passthrough":
@@ -119,6 +138,9 @@ def profile(
             config = edge_config(
                 fake.base_url, port=free_port(), token_hash=digest, native_group=options.native
             )
+            if shared:
+                server = stack.enter_context(RedisServer(password=secrets.token_hex(16)))
+                config["provider_pool"]["shared"] = {"store": server.url}
             target = start_edge(processes, workdir, None, config, token)
         assert target.process is not None
         assert target.process.popen is not None
@@ -239,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --api responses: store: true (the edge keeps each response)",
     )
     parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="the edge with provider_pool.shared on a redis-server started for the run; with "
+        "--compare, compared with the same edge without it",
+    )
+    parser.add_argument(
         "--compare-chat",
         action="store_true",
         help="with --api messages or responses: compare with iop-edge under chat load (not the "
@@ -257,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     options.output.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="iop-profile-") as tmp:
-        collapsed, rps = profile("iop-edge", options, py_spy, Path(tmp), options.api)
+        collapsed, rps = profile(
+            "iop-edge", options, py_spy, Path(tmp), options.api, shared=options.shared
+        )
         inclusive, own = shares(collapsed, options.top)
         print(f"# {options.mode}, c={options.concurrency}: {collapsed.with_suffix('.svg')}\n")
         print("| inclusive % | function |\n| ---: | --- |")
@@ -270,10 +300,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if options.compare_chat:
             other, other_rps = profile("iop-edge", options, py_spy, Path(tmp), "chat")
+        elif options.shared:
+            other, other_rps = profile("iop-edge", options, py_spy, Path(tmp), options.api)
         else:
             other, other_rps = profile("passthrough", options, py_spy, Path(tmp), options.api)
     this = {"chat": "iop-edge", "messages": "Messages", "responses": "Responses"}[options.api]
     that = "chat" if options.compare_chat else "pass-through"
+    if options.shared:
+        this, that = "shared", "unshared"
     edge_total, edge_by = per_request(collapsed, options, rps)
     pass_total, pass_by = per_request(other, options, other_rps)
     print(

@@ -59,6 +59,7 @@ from peers import (
     BENCH,
     MODEL,
     BenchProcess,
+    CpuMeasured,
     ProcessSet,
     Target,
     edge_config,
@@ -129,7 +130,7 @@ class Bench:
         api: str = "chat",
         store: bool = False,
         loadgen_args: Sequence[str] = (),
-        others: Mapping[str, BenchProcess] | None = None,
+        others: Mapping[str, CpuMeasured] | None = None,
     ) -> dict[str, Any]:
         """Run the load generator once against ``target`` and return the cell (``api``: what
         ``bench/loadgen.py --api`` sends, chat completions, Anthropic Messages or OpenAI

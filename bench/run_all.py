@@ -7,7 +7,9 @@ Messages and OpenAI Responses, translated and passed through, against chat on th
 provider), the memory of the stored responses of ``/v1/responses`` under a soak
 (``bench_responses_store.py``), and a remote node against the same provider local
 (``bench_nodes.py``: added p50, events per second through one link, the edge's and the node's
-CPU per request).
+CPU per request), and several edges sharing one pool through a store (``bench_shared.py``:
+added p50 of a lease, three replicas' throughput at one capacity against one's, CPU per request
+of the edges and of the store).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def main() -> int:
     print(f"\n{store or '(the responses store benchmark wrote no result: see its output above)'}")
     nodes = newest_headline("nodes-*.json", started)
     print(f"\n{nodes or '(the remote nodes benchmark wrote no result: see its output above)'}")
+    shared = newest_headline("shared-*.json", started)
+    print(f"\n{shared or '(the shared pool benchmark wrote no result: see its output above)'}")
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
     return 1 if failed else 0

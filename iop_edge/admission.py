@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from iop_edge.errors import AdmissionError
 from iop_edge.pool import (
@@ -51,6 +52,10 @@ from iop_edge.pool import (
 )
 from iop_edge.runtime.clock import MonotonicClock
 from iop_edge.seams import Clock, Prober, ProbeResult
+from iop_edge.shared.refusal import StoreRefusal
+
+if TYPE_CHECKING:
+    from iop_edge.shared.gate import SharedGate
 
 __all__ = ["AdmissionScheduler", "HealthListener", "Lease", "MonotonicClock"]
 
@@ -72,12 +77,16 @@ class Lease:
     nothing was learnt about the provider).
     """
 
-    __slots__ = ("_admission", "_outcome", "_slot_lease")
+    __slots__ = ("_admission", "_holder", "_lost", "_outcome", "_slot_lease", "ticket")
 
     def __init__(self, admission: AdmissionScheduler, slot_lease: SlotLease) -> None:
         self._admission = admission
         self._slot_lease = slot_lease
         self._outcome: Outcome = None
+        #: its lease id in the shared store (``None``: not shared, or held by a static split)
+        self.ticket: str | None = None
+        self._holder: asyncio.Task[Any] | None = None
+        self._lost: str | None = None
 
     @property
     def node_id(self) -> str:
@@ -93,6 +102,26 @@ class Lease:
     def key(self) -> ProviderKey:
         """The provider resource ``(node_id, provider_id)``."""
         return self._slot_lease.key
+
+    @property
+    def principal(self) -> str:
+        """The principal whose request holds the lease."""
+        return self._slot_lease.request.share.name
+
+    @property
+    def lost(self) -> str | None:
+        """Why the shared store no longer counts this lease (its request must stop), or
+        ``None``."""
+        return self._lost
+
+    def lose(self, reason: str) -> None:
+        """The shared store no longer counts this lease: the task holding it is cancelled,
+        and reads :attr:`lost` to end its request with that error (see
+        :mod:`iop_edge.api.attempt`)."""
+        self._lost = reason
+        holder = self._holder
+        if holder is not None and not holder.done():
+            holder.cancel()
 
     @property
     def long_context(self) -> bool:
@@ -119,7 +148,10 @@ class Lease:
 
     def release(self) -> None:
         """Give the slot back (to the oldest pending request that can use it). Idempotent."""
-        self._admission._release(self._slot_lease, self._outcome)
+        admission = self._admission
+        admission._release(self._slot_lease, self._outcome)
+        if self.ticket is not None and admission._gate is not None:
+            admission._gate.released(self)
 
     async def __aenter__(self) -> Lease:
         return self
@@ -151,6 +183,7 @@ class AdmissionScheduler:
         clock: Clock | None = None,
         prober: Prober = _no_prober,
         on_health: HealthListener | None = None,
+        gate: SharedGate | None = None,
     ) -> None:
         self._core = PoolScheduler(policy)
         self._clock: Clock = clock if clock is not None else MonotonicClock()
@@ -163,6 +196,10 @@ class AdmissionScheduler:
         self._closed = False  # (aclose: no probe starts, no timer is armed any more)
         #: told of every lease released (set during a handover: the successor counts them)
         self.on_release: Callable[[SlotLease], None] | None = None
+        #: the shared store's leases (``provider_pool.shared``), or ``None``
+        self._gate = gate
+        if gate is not None:
+            gate.attach(self)
 
     @property
     def policy(self) -> PoolPolicy:
@@ -182,6 +219,16 @@ class AdmissionScheduler:
         """A frozen snapshot of the queue, the providers' slots and the counters."""
         return self._core.statistics()
 
+    @property
+    def queue_depth(self) -> int:
+        """How many requests wait."""
+        return self._core.queue_depth
+
+    @property
+    def gate(self) -> SharedGate | None:
+        """The shared store's gate (``provider_pool.shared``), or ``None``."""
+        return self._gate
+
     async def admit(
         self,
         group_id: str,
@@ -198,16 +245,22 @@ class AdmissionScheduler:
         (after a live config change, ``config_change=True``) ``model_not_found`` /
         ``no_available_provider`` while waiting. Cancelling the caller leaves the queue.
         """
+        gate = self._gate
+        over_rate = None
+        if gate is not None and gate.rated(principal):
+            over_rate = await gate.take_rate(principal)
         submission = self._core.submit(
             group_id,
             long_context=long_context,
             now=self._clock.now(),
             principal=principal,
             submitted_at=submitted_at,
+            over_rate=over_rate,
         )
         request = submission.request
         self._settle(submission.decisions, own=request)
-        return await self._outcome_of(request)
+        lease = await self._outcome_of(request)
+        return lease if gate is None else await self._through_gate(lease)
 
     async def failover(
         self, lease: Lease, failure: Failure, *, retried: Callable[[], None] | None = None
@@ -225,13 +278,16 @@ class AdmissionScheduler:
         """
         result = self._core.fail(lease._slot_lease, failure, self._clock.now())
         request = result.request
+        if self._gate is not None:
+            self._gate.released(lease)
         self._settle(result.decisions, own=request)
         if not result.retried:
             return None
         if retried is not None:
             retried()
         try:
-            return await self._outcome_of(request)
+            granted = await self._outcome_of(request)
+            return granted if self._gate is None else await self._through_gate(granted)
         except AdmissionError as exc:
             if exc.reason == "no_available_provider":
                 return None
@@ -245,7 +301,11 @@ class AdmissionScheduler:
 
     def inherit(self, key: ProviderKey, *, long_context: bool, principal: str) -> Lease | None:
         """A slot the process this one takes over from still holds (a handover): counted as
-        this scheduler's lease until released (see :meth:`PoolScheduler.inherit`)."""
+        this scheduler's lease until released (see :meth:`PoolScheduler.inherit`). In a
+        shared pool, ``None``: the old process's leases stay in the store, renewed and
+        released by that process, and count here as held elsewhere — never twice."""
+        if self._gate is not None:
+            return None
         slot_lease = self._core.inherit(
             key, long_context=long_context, principal=principal, now=self._clock.now()
         )
@@ -267,6 +327,25 @@ class AdmissionScheduler:
     def apply_policy(self, policy: PoolPolicy) -> None:
         """Swap the policy live (SPEC §4): waiters are dispatched or failed at once."""
         self._settle(self._core.apply_policy(policy, self._clock.now()))
+        if self._gate is not None:
+            self._gate.policy_changed(policy)
+
+    # -- a pool shared with other edges (the gate's calls) -------------------------------------
+
+    def set_elsewhere(
+        self, providers: Mapping[ProviderKey, tuple[int, int]], principals: Mapping[str, int]
+    ) -> None:
+        """The leases held by the other edges (see :meth:`PoolScheduler.set_elsewhere`):
+        waiters are dispatched at once onto what that frees."""
+        self._settle(self._core.set_elsewhere(providers, principals, self._clock.now()))
+
+    def within(self, lease: Lease) -> bool:
+        """Whether ``lease`` fits what this edge may fill now (a static split)."""
+        return self._core.within(lease._slot_lease)
+
+    def set_rate_share(self, share: int | None) -> None:
+        """Who counts the per-minute rates (see :meth:`PoolScheduler.set_rate_share`)."""
+        self._core.set_rate_share(share)
 
     async def aclose(self) -> None:
         """Stop the health probes still running, and start no other (the daemon stops)."""
@@ -283,6 +362,31 @@ class AdmissionScheduler:
 
     # -- internals --------------------------------------------------------------------------
 
+    async def _through_gate(self, lease: Lease) -> Lease:
+        """Hold ``lease`` in the shared store too; a refusal puts its request back in its
+        place here until a slot is free in the store (the gate says how many are held
+        elsewhere first), and it tries again then."""
+        gate = self._gate
+        assert gate is not None
+        while True:
+            request = lease._slot_lease.request
+            try:
+                granted = await gate.acquire(lease)
+            except StoreRefusal as exc:
+                self._settle(
+                    self._core.requeue(lease._slot_lease, self._clock.now(), str(exc)), own=request
+                )
+                assert request.rejection is not None
+                raise _admission_error(request.rejection) from None
+            except BaseException:
+                lease.release()  # (cancelled: the gate gave its store id back)
+                raise
+            if granted:
+                lease._holder = asyncio.current_task()
+                return lease
+            self._settle(self._core.requeue(lease._slot_lease, self._clock.now()), own=request)
+            lease = await self._outcome_of(request)
+
     async def _outcome_of(self, request: PendingRequest) -> Lease:
         """The lease ``request`` got, or its rejection raised, waiting while it is pending."""
         if request.state is RequestState.DISPATCHED:
@@ -293,6 +397,8 @@ class AdmissionScheduler:
             raise _admission_error(request.rejection)
         waiter: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         self._waiters[request] = waiter
+        if self._gate is not None:
+            self._gate.wake()
         try:
             return await waiter
         except BaseException:

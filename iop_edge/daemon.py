@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import secrets
 import signal
 import socket
 import ssl
@@ -54,7 +55,7 @@ from iop_edge.link.remote import RemoteNode
 from iop_edge.link.statistics import NodeLinkStatistics
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.options import ServeOptions
-from iop_edge.pool import HealthEvent, ProviderKey
+from iop_edge.pool import HealthEvent, PoolPolicy, ProviderKey
 from iop_edge.runtime import signals
 from iop_edge.runtime.lifecycle import Lifecycle, Phase
 from iop_edge.runtime.listeners import (
@@ -68,6 +69,8 @@ from iop_edge.runtime.logs import Logger, RequestLineWriter, flush_logs, get_log
 from iop_edge.runtime.systemd import Notifier
 from iop_edge.runtime_record import remove_record, write_record
 from iop_edge.seams import Clock
+from iop_edge.shared.gate import SharedGate
+from iop_edge.shared.store import SharedStore
 from iop_edge.supervisor import Supervisor, status_line
 
 GC_THRESHOLDS: Final = (50_000, 20, 20)
@@ -149,11 +152,13 @@ class Daemon:
             self.node_links = NodeLinkServer.from_config(
                 self.config, remote_nodes, edge_version=__version__, clock=self.clock, log=self.log
             )
+        policy = pool_policy(self.config)
         self.scheduler = AdmissionScheduler(
-            pool_policy(self.config),
+            policy,
             clock=self.clock,
             prober=self.adapters.probe,
             on_health=self._log_health,
+            gate=shared_gate(self.config, policy, self.clock, self.log),
         )
         self.relay = HandoverRelay(self.clock)
         self.handover = HandoverCoordinator(
@@ -187,6 +192,7 @@ class Daemon:
             config=self.config,
             nodes=None if self.node_links is None else self.node_links.statistics,
             node_refusals=lambda: self.node_links.refused if self.node_links else {},
+            shared=None if self.scheduler.gate is None else self.scheduler.gate.statistics,
         )
         self.server = OpenAIServer(
             self.config,
@@ -395,6 +401,8 @@ class Daemon:
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
         self.scheduler.start()  # idle providers are probed from now on
+        if self.scheduler.gate is not None:
+            await self.scheduler.gate.start()  # (the store down: its static split rules)
         self.lifecycle.enter(Phase.READY)
         self.notifier.ready(status_line(self.supervisor))
         self.handover.serving()
@@ -503,6 +511,8 @@ class Daemon:
         # they linger: waiting for that may pass the deadline when the drain is shorter than
         # four graces, never by more than one.
         await self.scheduler.aclose()
+        if self.scheduler.gate is not None:
+            await self.scheduler.gate.aclose()  # (the last releases sent; the members left)
         await self.relay.aclose()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(max(deadline, loop.time() + KILL_GRACE_SECONDS + 0.5)):
@@ -631,3 +641,16 @@ class Daemon:
             "/metrics", make_aiohttp_handler(self.registry, disable_compression=True)
         )
         return app
+
+
+def shared_gate(
+    config: EdgeConfig, policy: PoolPolicy, clock: Clock, log: Logger
+) -> SharedGate | None:
+    """The shared store's gate of a pool shared by several edges (``provider_pool.shared``),
+    under a new instance id; ``None`` for a pool of its own."""
+    shared = config.provider_pool.shared
+    if shared is None or policy.shared is None:
+        return None
+    store = SharedStore(shared.store, instance_id=secrets.token_hex(6))
+    log.info("shared_pool", store=store.redacted_url, instance=store.instance_id)
+    return SharedGate(store, policy.shared, clock, log=log)

@@ -9,6 +9,7 @@ Every error the daemon raises on purpose derives from :class:`IopEdgeError`::
     ├── AdapterError         an upstream call failed (upstream_error / upstream_timeout)
     ├── AuthError            a request without a valid principal or provider credential
     ├── RequestError         a client request that is malformed, too large or names no model
+    ├── StoreUnavailable     the shared store of several edges did not serve an operation
     └── (iop_edge.link)      the node link's: LinkViolation (the peer broke the protocol),
                              ProtocolMismatch (another protocol version), LinkClosed
 
@@ -32,6 +33,7 @@ AdmissionReason = Literal[
     "principal_queue_full",
     "rate_limit_exceeded",
     "handed_over",
+    "store_unavailable",
 ]
 #: How an upstream call failed.
 AdapterCode = Literal["upstream_error", "upstream_timeout"]
@@ -159,6 +161,14 @@ class AdapterError(IopEdgeError):
         super().__init__(message)
 
 
+class LeaseLost(AdapterError):
+    """The shared store no longer counts the request's lease (its edge could not renew it in
+    time): the request is stopped. Not the provider's doing; its message is the client's."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("upstream_error", message, status=503, failure=None)
+
+
 class AuthError(IopEdgeError):
     """A request lacks a valid principal token or a required provider credential."""
 
@@ -180,4 +190,15 @@ class RequestError(IopEdgeError):
         self.code = code
         self.status = status
         self.param = param
+        super().__init__(message)
+
+
+class StoreUnavailable(IopEdgeError):
+    """The shared store (:mod:`iop_edge.shared`) did not serve an operation: connection
+    refused or lost, no answer within its ``op_timeout``, or a script error. ``op`` names the
+    operation (``acquire``, ``release``, ``renew``, ...); the message names the store by its
+    URL with the password hidden."""
+
+    def __init__(self, op: str, message: str) -> None:
+        self.op = op
         super().__init__(message)

@@ -43,6 +43,7 @@ from iop_edge.collectors import (
 from iop_edge.config.payload import node_payload
 from iop_edge.config.policy import route_provider
 from iop_edge.pool import PoolStatistics
+from iop_edge.shared_collector import SharedPoolCollector
 
 if TYPE_CHECKING:
     from iop_edge.api.record import RequestRecord
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from iop_edge.handover.channel import HandoverStatistics
     from iop_edge.link.statistics import NodeLinkStatistics
     from iop_edge.runtime.listeners import ListenerStatistics
+    from iop_edge.shared.gate import GateStatistics
     from iop_edge.supervisor import RefreshRecord, Supervisor
 
 __all__ = ["UNKNOWN_MODEL", "EdgeMetrics", "latency_buckets", "max_request_timeout_ms"]
@@ -149,7 +151,8 @@ class EdgeMetrics:
     ``config`` is the config the process starts with: the duration buckets reach its largest
     ``request_timeout_ms``, and its ``openai.model_routes`` (restart-class) are told apart from
     providers. ``nodes`` (with ``node_refusals``) reads the remote nodes' links, when the
-    process has a node listener.
+    process has a node listener; ``shared`` the shared store's gate, when the pool is shared
+    by several edges.
     """
 
     def __init__(
@@ -163,6 +166,7 @@ class EdgeMetrics:
         config: EdgeConfig | None = None,
         nodes: Callable[[], Iterable[NodeLinkStatistics]] | None = None,
         node_refusals: Callable[[], Mapping[str, int]] = dict,
+        shared: Callable[[], GateStatistics] | None = None,
     ) -> None:
         self.registry = registry
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` series
@@ -263,6 +267,8 @@ class EdgeMetrics:
             registry.register(HandoverCollector(handover))
         if nodes is not None:
             registry.register(NodeLinkCollector(nodes, node_refusals))
+        if shared is not None:
+            registry.register(SharedPoolCollector(shared))
         self._series: dict[tuple[str, str, str], _RequestSeries] = {}
         self._attempts: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._errors: dict[tuple[str, str, str], Any] = {}

@@ -155,7 +155,9 @@ class SupervisorStatistics:
             "generation": self.generation,
             "loaded_at": self.loaded_at,
             "restart_pending": [
-                {"path": e.path, "old": e.old, "new": e.new} for e in self.restart_pending
+                {"path": e.path, "old": e.old, "new": e.new}
+                | ({"reason": e.reason} if e.reason else {})
+                for e in self.restart_pending
             ],
             "last_refresh": self.last.to_json() if self.last else None,
             "last_success_at": self.last_success_at,
@@ -428,6 +430,7 @@ class Supervisor:
                     "new": e.new,
                     "applied": e.applied,
                 }
+                | ({"reason": e.reason} if e.reason else {})
                 for e in result.report
             ],
             errors=[f"{e.path}: {e.message}" if e.path else e.message for e in result.errors],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import secrets
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, settings
 from iop_edge.runtime.logs import configure_logging
 from iop_edge.testing.fake_ollama import FakeOllama
 from iop_edge.testing.fake_openai import FakeOpenAI
+from iop_edge.testing.redis_server import RedisServer
 from tests.helpers import LogCapture
 
 settings.register_profile(
@@ -65,3 +67,20 @@ async def fake_ol() -> AsyncIterator[FakeOllama]:
     """A fake Ollama upstream on 127.0.0.1."""
     async with FakeOllama() as fake:
         yield fake
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real ``redis-server`` for the session, started at its first use: 127.0.0.1 at a free
+    port and a unix socket, with a password, saving nothing. A test that kills or stops a
+    server uses its own (:class:`RedisServer` as a context manager), not this one."""
+    with RedisServer(password=secrets.token_hex(8)) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's ``redis-server``, emptied for this test: its ``redis://`` URL (with the
+    password)."""
+    redis_server.flushall()
+    return redis_server.url

@@ -76,6 +76,16 @@ MUTATIONS = {
         "unless on (node) iop_edge_node_connected",
         "IopEdgeProviderDown",
     ),
+    "shared-store-down-without-waiting": (
+        "iop_edge_shared_store_up == 0\n        for: 1m",
+        "iop_edge_shared_store_up == 0\n        for: 0m",
+        "IopEdgeSharedStoreDown",
+    ),
+    "shared-store-down-never": (
+        "iop_edge_shared_store_up == 0\n",
+        "iop_edge_shared_store_up < 0\n",
+        "IopEdgeSharedStoreDown",
+    ),
     "flapping-too-eager": (
         "increase(iop_edge_node_reconnects_total[15m]) > 5",
         "increase(iop_edge_node_reconnects_total[15m]) > 2",

@@ -258,6 +258,7 @@ def test_the_alert_rules_cover_the_operational_failures():
         "IopEdgeTimeToFirstTokenHigh",
         "IopEdgeRemoteNodeDown",
         "IopEdgeRemoteNodeFlapping",
+        "IopEdgeSharedStoreDown",
     }
     assert alerts["IopEdgeRestartPending"]["for"] == "1h"
     assert alerts["IopEdgeProviderDown"]["for"] == "5m"
@@ -274,6 +275,7 @@ def test_the_alert_rules_cover_the_operational_failures():
         "IopEdgeTimeToFirstTokenHigh": "iop_edge_time_to_first_token_seconds_bucket",
         "IopEdgeRemoteNodeDown": "iop_edge_node_connected == 0",
         "IopEdgeRemoteNodeFlapping": "iop_edge_node_reconnects_total",
+        "IopEdgeSharedStoreDown": "iop_edge_shared_store_up == 0",
     }
     for name, fragment in expected.items():
         assert fragment in alerts[name]["expr"], name

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from iop_edge.testing.fake_behavior import FakeBehavior
 from iop_edge.testing.fake_openai import FakeOpenAI
 from iop_edge.testing.hostile_node import DialRefused, ScriptedNode
+from iop_edge.testing.redis_server import RedisServer
 from tests.helpers import ROOT, dump, edge_on, wait_for
 from tests.helpers.remote_nodes import answering_node, link_url, with_remote_node
 
@@ -130,8 +131,14 @@ def alert_expressions() -> dict[str, str]:
 # --- what the daemon exports -----------------------------------------------------------------
 
 
-def group_doc(a: FakeOpenAI, b: FakeOpenAI, capacity: int = 2) -> dict[str, Any]:
-    """Model ``chat`` on providers ``a`` (tried first) and ``b``."""
+def group_doc(
+    a: FakeOpenAI, b: FakeOpenAI, capacity: int = 2, store: str | None = None
+) -> dict[str, Any]:
+    """Model ``chat`` on providers ``a`` (tried first) and ``b``; with ``store``, the pool
+    shared through it (a Redis URL)."""
+    pool: dict[str, Any] = {"max_queue": 8, "queue_timeout_ms": 30000}
+    if store is not None:
+        pool["shared"] = {"store": store}
     providers = [
         {
             "id": pid,
@@ -149,7 +156,7 @@ def group_doc(a: FakeOpenAI, b: FakeOpenAI, capacity: int = 2) -> dict[str, Any]
         "openai": {"listen": "127.0.0.1:0"},
         "metrics": {"listen": "127.0.0.1:0"},
         "console": {"listen": "127.0.0.1:0"},
-        "provider_pool": {"max_queue": 8, "queue_timeout_ms": 30000},
+        "provider_pool": pool,
         "models": [{"id": "chat", "context_window_tokens": 4096, "providers": ["a", "b"]}],
         "nodes": [
             {
@@ -162,17 +169,21 @@ def group_doc(a: FakeOpenAI, b: FakeOpenAI, capacity: int = 2) -> dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, frozenset[str]]:
+def exported(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> dict[str, frozenset[str]]:
     """Sample name → its label names, from ``/metrics`` of a daemon after a failover, a
     stream, a plain answer and an applied reload, with a remote node connected (its round
-    trip measured) and a node's dial refused."""
+    trip measured), a node's dial refused, and its pool shared through a real store."""
+    redis_server.flushall()
+    store = redis_server.url
 
     async def run() -> str:
         tmp_path = tmp_path_factory.mktemp("exported")
         async with FakeOpenAI() as a, FakeOpenAI() as b:
             a.enqueue(FakeBehavior(status=503))
             async with (
-                edge_on(tmp_path, with_remote_node(group_doc(a, b))) as edge,
+                edge_on(tmp_path, with_remote_node(group_doc(a, b, store=store))) as edge,
                 answering_node(edge.daemon),
             ):
                 # the round trip is measured once the node answered a PING; a dial with
@@ -190,7 +201,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, frozenset[st
                     )
                     async for _ in stream:
                         pass
-                edge.path.write_text(dump(with_remote_node(group_doc(a, b, capacity=3))))
+                edge.path.write_text(
+                    dump(with_remote_node(group_doc(a, b, capacity=3, store=store)))
+                )
                 result = await edge.supervisor.refresh("api")
                 assert result.result == "applied"
                 async with (
@@ -254,8 +267,8 @@ def test_the_check_fails_on_an_old_or_unknown_name(exported):
 
 def test_the_dashboard_shows_what_an_operator_looks_at_first():
     """Traffic and errors per model and app, TTFT and latency percentiles, queue depth and
-    waits, slots per provider, health, remote nodes' links and reloads; every panel on the
-    dashboard's data source, with its own id, inside the 24-column grid."""
+    waits, slots per provider, health, remote nodes' links, the shared store and reloads;
+    every panel on the dashboard's data source, with its own id, inside the 24-column grid."""
     dashboard = json.loads(DASHBOARD.read_text())
     named: set[str] = set()
     grouped: set[str] = set()
@@ -283,6 +296,10 @@ def test_the_dashboard_shows_what_an_operator_looks_at_first():
         "iop_edge_node_link_bytes_total",
         "iop_edge_node_link_in_flight",
         "iop_edge_node_reconnects_total",
+        "iop_edge_shared_store_up",
+        "iop_edge_provider_leases",
+        "iop_edge_shared_store_latency_seconds_bucket",
+        "iop_edge_shared_store_errors_total",
     } <= named
     assert {"model", "token_ref", "code", "slot", "le", "direction"} <= grouped
     panels = list(_panels(dashboard["panels"]))

@@ -5,8 +5,11 @@
   group's panic flag, the principals, the counters), the serving process's ``pid``, the
   handover it took over by (``handover``, or ``null``) and every node (``nodes``: local, or
   remote with its link — connected since, peer, agent, payload generation acknowledged, in
-  flight, round trip, bytes, the last time it went down and why). Times are wall-clock ISO
-  8601 (UTC).
+  flight, round trip, bytes, the last time it went down and why) and, in a pool shared by
+  several edges (``provider_pool.shared``), the store (``shared``: its URL with its
+  credentials ``<redacted>``, this edge's instance id, the store's state and since when it is
+  down, the members, the dispatches it refused, the leases lost, each provider's leases over
+  every edge next to this edge's; ``null`` otherwise). Times are wall-clock ISO 8601 (UTC).
 - ``POST /admin/config/refresh?mode=dry_run|apply``: read the config file and refresh; the
   answer is the refresh result (any other mode is ``rejected``). With a JSON body
   ``{"candidate": TEXT, "source": NAME}`` and ``mode=dry_run`` the candidate TEXT is judged
@@ -44,6 +47,7 @@ from iop_edge.admission import AdmissionScheduler
 from iop_edge.api.auth import AdminTokenCheck
 from iop_edge.api.errors import describe
 from iop_edge.api.guard import RequestGuard, install_log_scrubber, require_json_body
+from iop_edge.config.redact import redact_store_url
 from iop_edge.config.schema import ConsoleSection
 from iop_edge.config_file import MAX_FILE_BYTES
 from iop_edge.envelope import envelope
@@ -179,12 +183,14 @@ class AdminAPI:
                     "max_queued": p.max_queued,
                     "max_requests_per_minute": p.max_requests_per_minute,
                     "in_flight": p.in_flight,
+                    "in_flight_elsewhere": p.in_flight_elsewhere,
                     "queued": p.queued,
                     "rejected": dict(p.rejected),
                 }
                 for p in stats.principals
             ],
             "handover": self._handover(),
+            "shared": self._shared(),
             "counters": {
                 "submitted": stats.submitted,
                 "admitted": stats.admitted,
@@ -209,6 +215,45 @@ class AdminAPI:
             "inherited_held": taken.inherited_held,
             "relayed_requests": taken.relayed_requests,
             "old_running": taken.old_running,
+        }
+
+    def _shared(self) -> dict[str, Any] | None:
+        """The store of a pool shared by several edges (``None``: the pool is this edge's).
+        A provider's ``held`` and ``long_held`` are the store's counts over every edge (as last
+        seen: from before it went down while it is down), ``mine`` and ``long_mine`` this
+        edge's leases in them."""
+        gate = self.scheduler.gate
+        if gate is None:
+            return None
+        shared = gate.statistics()
+        calls = shared.store_calls
+        # (the URL as the config shows it everywhere else: its credentials `<redacted>`)
+        store = redact_store_url(shared.store)
+        last_error = calls.last_error
+        return {
+            "instance_id": shared.instance_id,
+            "store": store,
+            "state": shared.state,
+            "down_since": self._wall(shared.down_since),
+            "last_error": None if last_error is None else last_error.replace(shared.store, store),
+            "on_store_down": shared.on_store_down,
+            "lease_ttl_ms": shared.lease_ttl_ms,
+            "members": shared.members,
+            "leases": shared.leases,
+            "refused": shared.refused,
+            "lost": shared.lost,
+            "store_errors": sum(calls.errors.values()),
+            "providers": [
+                {
+                    "node": p.node_id,
+                    "id": p.provider_id,
+                    "held": p.held,
+                    "long_held": p.long_held,
+                    "mine": p.mine,
+                    "long_mine": p.long_mine,
+                }
+                for p in shared.providers
+            ],
         }
 
     def _node(self, n: NodeLinkStatistics) -> dict[str, Any]:
@@ -251,6 +296,8 @@ class AdminAPI:
             "long_context_capacity": p.long_context_capacity,
             "in_flight": p.in_flight,
             "long_in_flight": p.long_in_flight,
+            "held_elsewhere": p.held_elsewhere,
+            "long_held_elsewhere": p.long_held_elsewhere,
             "priority": p.priority,
             "consecutive_failures": p.consecutive_failures,
             "last_failure": p.last_failure,

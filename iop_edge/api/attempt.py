@@ -23,7 +23,7 @@ from iop_edge.api.errors import client_message
 from iop_edge.api.keepalive import Keepalive
 from iop_edge.api.record import RequestRecord
 from iop_edge.api.surface import Renderer
-from iop_edge.errors import AdapterError
+from iop_edge.errors import AdapterError, LeaseLost
 from iop_edge.pool import Failure
 from iop_edge.runtime.listeners import ConnectionGuard
 from iop_edge.seams import Clock
@@ -65,12 +65,15 @@ async def execute(
     record.attempts += 1
     record.attempt_started = clock.now()
     try:
-        if not call.stream:
-            return _answer(record, renderer, await executor.complete(call), lease, clock)
-        opened = await executor.open_stream(call)
-        # The first frame comes before the response head: a stream that fails before it
-        # (first_token_timeout_ms) has sent the client nothing, and may fail over.
-        first = b"" if isinstance(opened, UpstreamReply) else await opened.first()
+        try:
+            if not call.stream:
+                return _answer(record, renderer, await executor.complete(call), lease, clock)
+            opened = await executor.open_stream(call)
+            # The first frame comes before the response head: a stream that fails before it
+            # (first_token_timeout_ms) has sent the client nothing, and may fail over.
+            first = b"" if isinstance(opened, UpstreamReply) else await opened.first()
+        except asyncio.CancelledError:
+            raise _lost(lease) from None
     except AdapterError as exc:
         if lease is not None and exc.failure is not None:
             failure = Failure(exc.failure, str(exc))
@@ -84,6 +87,18 @@ async def execute(
             return answered
         return await final_reply(record, renderer, opened, clock, keepalive)
     return await _relay(request, record, renderer, opened, first, lease, clock, keepalive)
+
+
+def _lost(lease: Lease | None) -> AdapterError:
+    """The attempt's task was cancelled: when its lease was lost in the shared store, that
+    cancellation is withdrawn and the attempt fails with that reason (a 503 before the
+    client's first byte, the stream's error event after it; the provider is not blamed). Any
+    other cancellation goes on."""
+    task = asyncio.current_task()
+    if lease is None or lease.lost is None or task is None:
+        raise asyncio.CancelledError
+    task.uncancel()
+    return LeaseLost(lease.lost)
 
 
 def _answer(
@@ -193,8 +208,9 @@ async def _relay(
                 renderer.stream_finished(stream.final_response)
                 if lease is not None:
                     lease.succeeded()
-            except AdapterError as exc:
+            except (AdapterError, asyncio.CancelledError) as caught:
                 # Headers are gone: the failure travels in the stream, as OpenAI sends it
+                exc = caught if isinstance(caught, AdapterError) else _lost(lease)
                 # (no failover now; the provider's health still hears of it).
                 if lease is not None and exc.failure is not None:
                     lease.failed(Failure(exc.failure, str(exc)))

@@ -22,6 +22,7 @@
 | over its ``max_requests_per_minute``         | 429    | ``rate_limit_exceeded`` (+ Retry-After) |
 | waited past ``queue_timeout_ms``            | 503    | ``queue_timeout``          |
 | no enabled provider for the model           | 503    | ``no_available_provider``  |
+| shared pool's store unreachable (``reject``) | 503    | ``store_unavailable``      |
 | upstream failed / timed out                 | 502/504 | ``upstream_error`` / ``_timeout`` |
 """
 
@@ -35,6 +36,7 @@ from iop_edge.errors import (
     AdmissionReason,
     AuthError,
     IopEdgeError,
+    LeaseLost,
     RequestError,
 )
 
@@ -50,6 +52,7 @@ ADMISSION_STATUS: Final[dict[AdmissionReason, int]] = {
     "handed_over": 503,  # (relayed to the successor, never shown unless that fails)
     "queue_timeout": 503,
     "no_available_provider": 503,
+    "store_unavailable": 503,
     "model_not_found": 404,
     "client_gone": 499,
 }
@@ -71,6 +74,8 @@ def describe(exc: IopEdgeError) -> tuple[int, str, str | None]:
 def client_message(exc: IopEdgeError, provider: str | None) -> str:
     """The message a client sees. Upstream failures name the provider only: the adapter's own
     message (with URLs, commands, stderr) goes to the edge's log, not to the client."""
+    if isinstance(exc, LeaseLost):
+        return str(exc)  # (it names nothing internal)
     if isinstance(exc, AdapterError) and exc.code in ("upstream_error", "upstream_timeout"):
         who = f"provider '{provider}'" if provider else "upstream"
         what = "did not answer in time" if exc.code == "upstream_timeout" else "failed"

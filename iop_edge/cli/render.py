@@ -80,6 +80,10 @@ def format_refresh(result: RefreshResult) -> str:
             "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4]
             for row in rows
         ]
+        reasons = [e for e in result.report if e.reason]
+        if reasons:
+            lines.append("")
+            lines += [f"{e.path} needs a restart: {e.reason}" for e in reasons]
     elif result.result != "rejected":
         lines.append("no changes")
     if result.errors:
@@ -131,8 +135,13 @@ def format_status(status: dict[str, Any]) -> str:
     pending = config["restart_pending"]
     if pending:
         lines.append(f"restart pending for {len(pending)} change(s):")
-        lines += [f"  {p['path']}: {cell(p['old'])} -> {cell(p['new'])}" for p in pending]
+        lines += [
+            f"  {p['path']}: {cell(p['old'])} -> {cell(p['new'])}"
+            + (f" ({p['reason']})" if p.get("reason") else "")
+            for p in pending
+        ]
     lines += node_lines(status.get("nodes", ()))
+    lines += shared_lines(status.get("shared"), status["providers"])
     rows = [("NODE", "PROVIDER", "STATUS", "HEALTH", "IN_FLIGHT", "CAPACITY", "LONG", "PRIORITY")]
     rows += [
         (
@@ -222,6 +231,63 @@ def node_lines(nodes: Sequence[dict[str, Any]]) -> list[str]:
             )
         if n.get("reconnects"):
             lines.append(f"node {name}: reconnected {n['reconnects']} time(s) in this process")
+    return lines
+
+
+def shared_lines(shared: dict[str, Any] | None, providers: Sequence[dict[str, Any]]) -> list[str]:
+    """A pool shared by several edges (nothing otherwise): a line for the store — its state,
+    the members, what it refused and lost, and while it is down since when, why and what rules
+    meanwhile — then a table of each provider's leases over every edge (``ALL_EDGES``, the
+    store's count) next to this edge's (``HERE``: in flight here) and what this edge counts
+    as held by the others (``ELSEWHERE``: their leases, or a static split's reserve)."""
+    if not shared:
+        return []
+    state, mode = shared["state"], shared["on_store_down"]
+    lines = [
+        "",
+        f"shared pool: store {shared['store']} {'DOWN' if state == 'down' else state}, "
+        f"{shared['members']} edge(s) (this one {shared['instance_id']}), lease_ttl_ms "
+        f"{shared['lease_ttl_ms']}, on_store_down {mode}",
+    ]
+    if state == "down":
+        meanwhile = (
+            "this edge holds its static split of each provider (capacity / members, the "
+            "others' last known leases kept)"
+            if mode == "static_split"
+            else "this edge refuses new requests (503 store_unavailable)"
+        )
+        lines.append(f"  out of reach since {shared['down_since']}: {meanwhile}")
+        if shared.get("last_error"):
+            lines.append(f"  last error: {shared['last_error']}")
+    elif state == "recovering":
+        lines.append(
+            "  the store answers again: this edge's leases are written back; the static split "
+            "holds for one more renewal period"
+        )
+    if shared["refused"] or shared["lost"]:
+        lines.append(
+            f"  refused by the store (full elsewhere): {shared['refused']} dispatch(es); "
+            f"leases lost (not renewed in time): {shared['lost']}"
+        )
+    local = {(p["node"], p["id"]): p for p in providers}
+    rows = [("NODE", "PROVIDER", "ALL_EDGES", "HERE", "ELSEWHERE", "CAPACITY", "LONG_ALL")]
+    for p in shared["providers"]:
+        mine = local.get((p["node"], p["id"]), {})
+        rows.append(
+            (
+                p["node"],
+                p["id"],
+                str(p["held"]),
+                str(mine.get("in_flight", "-")),
+                str(mine.get("held_elsewhere", "-")),
+                str(mine.get("capacity", "-")),
+                f"{p['long_held']}/{mine.get('long_context_capacity', '-')}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
+    if state == "down":
+        lines.append("ALL_EDGES and LONG_ALL: as last seen before the store went down")
     return lines
 
 

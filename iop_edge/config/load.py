@@ -30,7 +30,14 @@ from pydantic import BaseModel, ValidationError
 from iop_edge.config import paths
 from iop_edge.config.limits import MAX_DEPTH, check_node_graph, check_values
 from iop_edge.config.provenance import Provenance
-from iop_edge.config.redact import ARGS_KEYS, REDACTED, SECRET_KEYS, SECRET_MAPS, redact_text
+from iop_edge.config.redact import (
+    ARGS_KEYS,
+    REDACTED,
+    SECRET_KEYS,
+    SECRET_MAPS,
+    STORE_URL_KEYS,
+    redact_text,
+)
 from iop_edge.config.schema import UNION_TAGS, EdgeConfig, _show
 from iop_edge.config.validate import validate_config
 from iop_edge.errors import ConfigError, ConfigProblem
@@ -314,7 +321,11 @@ def problems_from_validation_error(exc: ValidationError, raw: Any) -> list[Confi
         shown = _show(value)
         if _holds_secret(loc) and message.startswith(shown):
             message = f"{REDACTED} ({type(value).__name__}){message[len(shown) :]}"
-        problems.append(ConfigProblem(path, redact_text(message)))
+        if not (kind == "value_error" and loc and loc[-1] in STORE_URL_KEYS):
+            # (a store URL's rule quotes its value already redacted, and the URL forms it
+            # names would read as URLs with a password and a query)
+            message = redact_text(message)
+        problems.append(ConfigProblem(path, message))
     return problems
 
 

@@ -6,8 +6,8 @@ without passing through the HTTP package.
 
 from __future__ import annotations
 
-from iop_edge.config.schema import EdgeConfig
-from iop_edge.pool import ANONYMOUS, HealthPolicy, PoolPolicy, ProviderPolicy
+from iop_edge.config.schema import EdgeConfig, SharedSection
+from iop_edge.pool import ANONYMOUS, HealthPolicy, PoolPolicy, ProviderPolicy, SharedPolicy
 
 __all__ = [
     "EMBEDDING_TYPES",
@@ -21,6 +21,7 @@ __all__ = [
     "pool_policy",
     "route_group",
     "route_provider",
+    "shared_policy",
 ]
 
 ROUTE_UNBOUNDED = 1_000_000
@@ -86,6 +87,14 @@ def known_principals(config: EdgeConfig) -> tuple[str, ...]:
     if not tokens:
         names.add(ANONYMOUS)
     return tuple(sorted(names))
+
+
+def shared_policy(shared: SharedSection | None) -> SharedPolicy | None:
+    """The live part of ``provider_pool.shared`` (``None``: the pool is not shared). The
+    store's URL stays in the config (``shared.store``): restart-class, and secret."""
+    if shared is None:
+        return None
+    return SharedPolicy(lease_ttl_ms=shared.lease_ttl_ms, on_store_down=shared.on_store_down)
 
 
 def pool_policy(config: EdgeConfig) -> PoolPolicy:
@@ -161,4 +170,5 @@ def pool_policy(config: EdgeConfig) -> PoolPolicy:
         + routes,
         groups=groups,
         derived=derived,
+        shared=shared_policy(pool.shared),
     )

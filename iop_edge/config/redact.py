@@ -12,7 +12,11 @@ What is hidden, each replaced by ``<redacted>``:
   (``-H "Authorization: Bearer ..."``), an element that is itself a credential
   (``Bearer …``, ``Basic …``, ``Token …``), and URLs as above. A name looks secret when it
   contains ``key``, ``token``, ``secret``, ``passw``, ``pwd``, ``auth``, ``credential``,
-  ``cookie``, ``session`` or ``bearer`` (case and ``-``/``_`` ignored).
+  ``cookie``, ``session`` or ``bearer`` (case and ``-``/``_`` ignored);
+- the value of a ``store`` key (``provider_pool.shared.store``, a Redis/Valkey URL) as
+  :func:`redact_store_url` shows it: everything before its last ``@`` but the user name, so a
+  password holding characters that end a URL's user-info early (``/``, ``?``, ``#``, a quote,
+  a space) is hidden whole all the same.
 
 Redaction only changes how a value is shown: refresh reports are computed on the real values,
 so a changed secret still appears as a changed entry (with ``<redacted>`` on both sides).
@@ -33,6 +37,10 @@ SECRET_VALUE: Final = "<secret>"
 SECRET_KEYS: Final = frozenset({"token_hash_sha256", "admin_token_sha256", SECRET_VALUE})
 #: Keys holding a command line, redacted element by element (see the module docstring).
 ARGS_KEYS: Final = frozenset({"args", "resume_args"})
+#: Keys holding a store URL (``provider_pool.shared.store``), shown by :func:`redact_store_url`.
+STORE_URL_KEYS: Final = frozenset({"store"})
+#: The query parameters of a store URL whose values are shown (the database number).
+STORE_PUBLIC_PARAMS: Final = frozenset({"db"})
 #: Name fragments that make a flag, variable or header name look secret.
 SECRET_NAME_PARTS: Final = (
     "key",
@@ -67,6 +75,8 @@ def redact(value: Any, key: str = "") -> Any:
     """
     if key in SECRET_KEYS and value is not None:
         return REDACTED
+    if key in STORE_URL_KEYS and isinstance(value, str):
+        return redact_store_url(value)
     if isinstance(value, dict):
         if key in SECRET_MAPS:
             return dict.fromkeys(value, REDACTED)
@@ -139,3 +149,39 @@ def _redact_param(param: str) -> str:
     if not param:
         return param
     return f"{name}={REDACTED}" if eq else REDACTED
+
+
+def redact_store_url(url: str) -> str:
+    """A store URL (``redis://``, ``rediss://``, ``unix://``) as it may be shown.
+
+    Everything before the URL's last ``@`` is its user-info, shown as ``USER:<redacted>@``
+    (a user name alone as ``<redacted>@``, like any URL's): cut at the last ``@`` rather than
+    parsed, so a password that is not percent-encoded (holding ``/``, ``?``, ``#``, a quote or
+    a space, which end a parsed user-info early) is hidden whole too. An ``@`` further on (in
+    a query value) only hides more. The values of query parameters other than ``db`` and any
+    fragment are hidden, as in any URL.
+    """
+    scheme, slashes, rest = url.partition("://")
+    if not slashes:
+        return redact_text(url)
+    shown = f"{scheme}://"
+    userinfo, at, after = rest.rpartition("@")
+    if at and not rest.startswith("/"):  # unix:///path@x: no user-info, an '@' in the path
+        rest = after
+        user, colon, _ = userinfo.partition(":")
+        shown += f"{user}:{REDACTED}@" if colon else f"{REDACTED}@"
+    rest, hash_mark, fragment = rest.partition("#")
+    rest, question, query = rest.partition("?")
+    shown += rest
+    if question:
+        shown += "?" + "&".join(_store_param(p) for p in query.split("&"))
+    if hash_mark:
+        shown += f"#{REDACTED}" if fragment else "#"
+    return shown
+
+
+def _store_param(param: str) -> str:
+    name, eq, value = param.partition("=")
+    if name in STORE_PUBLIC_PARAMS and eq:
+        return f"{name}={value}"
+    return _redact_param(param)

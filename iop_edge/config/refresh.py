@@ -10,14 +10,17 @@ unapplied). What is live:
 - ``models[]``: add, remove, and every field (aliases, display name, context window, provider
   list, generation policy)
 - ``nodes[].runtime`` (legacy node runtime concurrency metadata)
-- ``provider_pool.*`` (fair share, principals, failover, health),
+- ``provider_pool.*`` (fair share, principals, failover, health, and
+  ``provider_pool.shared.lease_ttl_ms`` / ``.on_store_down``),
   ``openai.model_routes[].capacity``, and ``openai.responses_store.*`` (the bounds of the
   stored responses of ``/v1/responses``)
 
 Everything else is restart-class: edge identity, ``listen``, ``bootstrap``, ``logging``,
 ``reload``, ``metrics``, ``console``, ``control_plane``, ``a2a``, ``openai`` (any deep change,
 principal tokens included), node add/remove and node alias/agent kind/token, adapter
-instances, provider add/remove and every other provider field.
+instances, provider add/remove and every other provider field, ``provider_pool.shared.store``
+and adding or removing ``provider_pool.shared`` (the store's connection is opened at start).
+A restart entry whose cause is not obvious carries a ``reason`` (:data:`RESTART_REASONS`).
 
 The config that runs after a refresh is the old config plus only its live changes
 (:func:`apply_live`); it must pass validation, or no live change is applied.
@@ -55,6 +58,20 @@ LIVE_PROVIDER_FIELDS: Final = (
     "first_token_timeout_ms",
     "stream_idle_timeout_ms",
 )
+#: Why a restart-class path needs a restart, where the path alone does not say it: the
+#: ``reason`` of its report entry.
+RESTART_REASONS: Final[Mapping[str, str]] = {
+    "provider_pool.shared": (
+        "the edge opens its connection to the store when it starts, and a pool turns shared "
+        "or local only with a new process; iop-edge restart applies it"
+    ),
+    "provider_pool.shared.store": (
+        "the edge opens its connection to the store when it starts; iop-edge restart "
+        "connects the new process to the new store"
+    ),
+}
+#: Fields of ``provider_pool.shared`` that change live (the store is restart-class).
+LIVE_SHARED_FIELDS: Final = ("lease_ttl_ms", "on_store_down")
 #: Root sections that need a restart on any change (``openai`` is diffed by entity below).
 RESTART_SECTIONS: Final = (
     "edge",
@@ -70,8 +87,9 @@ RESTART_SECTIONS: Final = (
 
 
 class ReportEntry(BaseModel):
-    """One changed path: its class, old and new value (secrets redacted), and whether the
-    running daemon took it."""
+    """One changed path: its class, old and new value (secrets redacted), whether the
+    running daemon took it, and for some restart-class paths why they need a restart
+    (``reason``, left out of the JSON form when there is none)."""
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
@@ -80,6 +98,7 @@ class ReportEntry(BaseModel):
     old: Any = None
     new: Any = None
     applied: bool = False
+    reason: str | None = None
 
 
 class RefreshError(BaseModel):
@@ -112,8 +131,13 @@ class RefreshResult(BaseModel):
     candidate_hash: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form (``class`` spelled as in the SPEC)."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The JSON form (``class`` spelled as in the SPEC; an entry's ``reason`` only when
+        it has one)."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for entry in data["report"]:
+            if entry["reason"] is None:
+                del entry["reason"]
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +201,13 @@ class _Diff:
 
     def add(self, path: str, cls: ChangeClass, old: Any, new: Any, key: str) -> None:
         self.entries.append(
-            ReportEntry(path=path, change_class=cls, old=redact(old, key), new=redact(new, key))
+            ReportEntry(
+                path=path,
+                change_class=cls,
+                old=redact(old, key),
+                new=redact(new, key),
+                reason=RESTART_REASONS.get(path) if cls == "restart" else None,
+            )
         )
 
     def leaves(self, path: str, old: Any, new: Any, cls: ChangeClass, key: str = "") -> None:
@@ -230,9 +260,7 @@ def classify(running: EdgeConfig, candidate: EdgeConfig) -> _Diff:
         candidate.long_context_threshold_tokens,
         "live",
     )
-    diff.leaves(
-        "provider_pool", _dump(running.provider_pool), _dump(candidate.provider_pool), "live"
-    )
+    _diff_pool(diff, running, candidate)
 
     before = {m.id for m in running.models}
     after = {m.id for m in candidate.models}
@@ -257,6 +285,29 @@ def classify(running: EdgeConfig, candidate: EdgeConfig) -> _Diff:
             _diff_node(diff, old_node, new_node)
     diff.entries.sort(key=lambda e: e.path)
     return diff
+
+
+def _diff_pool(diff: _Diff, running: EdgeConfig, candidate: EdgeConfig) -> None:
+    """``provider_pool``: live, but for ``shared``: added or removed whole, or its store
+    changed, it is restart-class."""
+    old, new = running.provider_pool, candidate.provider_pool
+    if old == new:
+        return
+    rest = {"shared"}
+    diff.leaves(
+        "provider_pool",
+        old.model_dump(mode="json", exclude_none=True, exclude=rest),
+        new.model_dump(mode="json", exclude_none=True, exclude=rest),
+        "live",
+    )
+    path = "provider_pool.shared"
+    if old.shared is None or new.shared is None:
+        if old.shared != new.shared:
+            diff.add(path, "restart", _dump(old.shared), _dump(new.shared), "")
+        return
+    diff.leaves(f"{path}.store", old.shared.store, new.shared.store, "restart", "store")
+    for name in LIVE_SHARED_FIELDS:
+        diff.leaves(f"{path}.{name}", getattr(old.shared, name), getattr(new.shared, name), "live")
 
 
 def _diff_openai(diff: _Diff, running: EdgeConfig, candidate: EdgeConfig) -> None:
@@ -340,6 +391,10 @@ def apply_live(running: EdgeConfig, candidate: EdgeConfig) -> EdgeConfig:
             for p in node.providers
         )
         nodes.append(node.model_copy(update={"runtime": new_node.runtime, "providers": providers}))
+    pool = candidate.provider_pool
+    shared = running.provider_pool.shared  # added, removed or a new store: at a restart
+    if shared is not None and pool.shared is not None:
+        shared = shared.model_copy(update={f: getattr(pool.shared, f) for f in LIVE_SHARED_FIELDS})
     capacities = {r.model: r.capacity for r in candidate.openai.model_routes}
     routes = tuple(
         r.model_copy(update={"capacity": capacities[r.model]}) if r.model in capacities else r
@@ -354,7 +409,7 @@ def apply_live(running: EdgeConfig, candidate: EdgeConfig) -> EdgeConfig:
                 }
             ),
             "long_context_threshold_tokens": candidate.long_context_threshold_tokens,
-            "provider_pool": candidate.provider_pool,
+            "provider_pool": pool.model_copy(update={"shared": shared}),
             "models": candidate.models,
             "nodes": tuple(nodes),
         }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Final, Literal, get_args
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -32,6 +32,7 @@ from pydantic import (
 
 from iop_edge.config.address import ListenAddress
 from iop_edge.config.provenance import NO_PROVENANCE, Provenance
+from iop_edge.config.redact import redact_store_url
 from iop_edge.errors import RETRY_CLASSES, RetryClass
 
 # --- field validators -----------------------------------------------------------------------
@@ -74,6 +75,12 @@ DEFAULT_PROBE_TIMEOUT_MS: Final = 2_000
 #: The path each HTTP runtime type probes under its base_url (cli has no health check).
 DEFAULT_HEALTH_PATHS: Final = {"openai_compat": "/models", "ollama": "/api/tags"}
 SEULGIVIBE_ALIASES: Final = ("seulgivibe_claude", "seulgivibe_openai")
+# Several edges sharing one pool through a store (docs/configuration.md, "provider_pool.shared").
+DEFAULT_LEASE_TTL_MS: Final = 10_000
+MIN_LEASE_TTL_MS: Final = 1_000
+MAX_LEASE_TTL_MS: Final = 600_000
+#: The URL schemes of a store (Redis or Valkey): TCP, TCP with TLS, a Unix socket.
+STORE_SCHEMES: Final = ("redis", "rediss", "unix")
 
 
 def _show(value: object) -> str:
@@ -399,6 +406,108 @@ def _origin(value: str) -> str:
 Origin = Annotated[str, AfterValidator(_origin)]
 
 
+_STORE_FORMS: Final = {
+    "redis": "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]",
+    "rediss": "rediss://[[USER]:PASSWORD@]HOST[:PORT][/DB]",
+    "unix": "unix://[[USER]:PASSWORD@]/SOCKET/PATH[?db=DB]",
+}
+_DB_RE: Final = re.compile(r"^[0-9]+$")
+
+
+def _joined(items: list[str], conjunction: str = "and") -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {conjunction} {items[-1]}"
+
+
+def _ends_early(value: str, parts: SplitResult) -> bool:
+    """Whether an ``@`` follows the host part of a store URL: then a ``/``, ``?`` or ``#``
+    in its user-info (the password, or a user name alone) ended the host part early, and
+    what was parsed after it (path, query) holds a piece of the user-info. (Without a host
+    part, ``unix:///run/x@y.sock``, an ``@`` is the socket path's.)"""
+    netloc = parts.netloc
+    return bool(netloc) and "@" in value[value.find("//") + 2 + len(netloc) :]
+
+
+def _store_defects(value: str) -> tuple[str | None, list[str]]:
+    """The scheme of a store URL (when it is one of :data:`STORE_SCHEMES`) and everything
+    wrong with the URL, each as a clause (``it has no host``); no clause quotes its user-info."""
+    written, colon, _ = value.partition(":")
+    scheme = written.lower()  # as urlsplit reads it (REDIS:// is redis://)
+    if not colon or scheme not in STORE_SCHEMES:
+        starts = [f"{known}://" for known in STORE_SCHEMES]
+        return None, [f"it does not start with {_joined(starts, 'or')}"]
+    if any(c.isspace() for c in value):
+        return scheme, ["it contains whitespace"]
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # an unbalanced IPv6 bracket, a netloc that NFKC-normalizes to '@'...
+        # (not quoting the exception: it quotes the netloc, the password with it)
+        return scheme, ["it does not parse as a URL"]
+    if _ends_early(value, parts):
+        # Nothing after the host part can be read as meant, nor quoted (it holds a piece of
+        # the password), so nothing else is said.
+        return scheme, [
+            "an '@' follows its host part, so a '/', '?' or '#' in its password ended the host "
+            "part early (percent-encode them in the password: %2F, %3F, %23)"
+        ]
+    defects: list[str] = []
+    query: dict[str, str] = {}
+    for name, given in parse_qsl(parts.query, keep_blank_values=True):
+        if name != "db":
+            defects.append(f"its query parameter {name!r} is not supported (only db is)")
+        elif "db" in query:
+            defects.append("it gives ?db= twice")
+        query.setdefault(name, given)
+    db = query.get("db")
+    if scheme == "unix":
+        host = parts.netloc.rpartition("@")[2]
+        if host:
+            defects.append(
+                f"it names a host ({host!r}), which a unix:// URL cannot have "
+                "(write three slashes: unix:///run/redis.sock)"
+            )
+        elif not parts.path or parts.path == "/":
+            defects.append("it has no socket path")
+        elif not parts.path.startswith("/"):
+            defects.append(f"its socket path {parts.path!r} is not absolute")
+    else:
+        if not parts.hostname:
+            defects.append("it has no host")
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if port is not None and not 1 <= port <= 65535:
+            shown = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+            defects.append(f"its port {shown!r} is not a number from 1 to 65535")
+        path = parts.path.strip("/") if parts.path.count("/") <= 1 else parts.path
+        if path and db is not None:
+            defects.append("it gives the database twice (in the path and as ?db=)")
+        elif path:
+            db = path
+    if db is not None and not _DB_RE.match(db):
+        defects.append(f"its database {db!r} is not an integer >= 0")
+    if parts.fragment or value.endswith("#"):
+        defects.append("it has a fragment (#...)")
+    return scheme, defects
+
+
+def _store_url(value: str) -> str:
+    # The message quotes the value through redact_store_url, and the loader leaves it as it
+    # is (load.problems_from_validation_error): keep every part of it free of secrets.
+    scheme, defects = _store_defects(value)
+    if defects:
+        forms = [_STORE_FORMS[scheme]] if scheme else list(_STORE_FORMS.values())
+        raise ValueError(
+            f"{_show(redact_store_url(value))} is not a valid store URL: {_joined(defects)}; "
+            f"{{field}} must be {_joined(forms, 'or')}"
+        )
+    return value
+
+
+StoreUrl = Annotated[str, AfterValidator(_store_url)]
+
+
 class ResponsesStoreSection(_Section):
     """``openai.responses_store``: the in-memory store of ``/v1/responses``
     (:mod:`iop_edge.api.responses_store`), which ``previous_response_id`` and
@@ -481,12 +590,41 @@ class PrincipalShare(_Section):
     models: tuple[NonEmpty, ...] | None = None
 
 
+class SharedSection(_Section):
+    """``provider_pool.shared``: the pool's capacity and principals' limits held across every
+    edge that names the same store (Redis or Valkey).
+
+    ``store``: the store's URL (``redis://``, ``rediss://`` for TLS, or ``unix://`` and a
+    socket's absolute path; a database number in the path, or ``?db=N`` for a socket); may
+    hold a password (written ``${VAR}``), so it is shown only as :attr:`store_redacted` and
+    is not in the pool's policy. Restart-class: the connection is opened at start.
+    ``lease_ttl_ms``: how long a lease a replica stops renewing (it died) still holds its slot.
+    ``on_store_down``: ``static_split`` (each edge takes ``floor(capacity / members)``) or
+    ``reject`` (503). Both live.
+    """
+
+    store: Annotated[StoreUrl, Field(repr=False)]  # a repr lands in logs and tracebacks
+    lease_ttl_ms: Annotated[
+        int,
+        Strict(),
+        _at_least(MIN_LEASE_TTL_MS, "each lease is renewed every third of it"),
+        _at_most(MAX_LEASE_TTL_MS, "a dead edge's leases hold their slots that long"),
+    ] = DEFAULT_LEASE_TTL_MS
+    on_store_down: Literal["static_split", "reject"] = "static_split"
+
+    @property
+    def store_redacted(self) -> str:
+        """``store`` as logs, status and reports may show it: the password ``<redacted>``."""
+        return redact_store_url(self.store)
+
+
 class ProviderPool(_Section):
     """``provider_pool``: the queue, failover and health policy shared by every model group and
     provider.
 
     ``max_queue`` caps all pending requests of the edge (0 or omitted → 16);
     ``queue_timeout_ms`` is each pending request's maximum wait (omitted → 30000, 0 → none).
+    ``shared`` (omitted: none) holds the pool's limits across several edges through a store.
     """
 
     max_queue: Annotated[NonNegative, BeforeValidator(_queue_max)] = DEFAULT_MAX_QUEUE
@@ -495,6 +633,7 @@ class ProviderPool(_Section):
     health: HealthSection = HealthSection()
     fair_share: Literal["principal", "token", "none"] = "principal"
     principals: tuple[PrincipalShare, ...] = ()
+    shared: SharedSection | None = None
 
 
 class ModelProviderRef(_Section):

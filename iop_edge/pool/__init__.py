@@ -26,10 +26,13 @@ from iop_edge.pool.fair import (
 )
 from iop_edge.pool.health import OK, Failure, Health, HealthEvent, Outcome
 from iop_edge.pool.policy import (
+    STORE_DOWN_MODES,
     HealthPolicy,
     PoolPolicy,
     ProviderKey,
     ProviderPolicy,
+    SharedPolicy,
+    StoreDownMode,
     may_retry,
 )
 from iop_edge.pool.scheduler import PROBE, Notice, PoolScheduler
@@ -47,6 +50,7 @@ __all__ = [
     "PROBE",
     "REJECTION_COUNTERS",
     "RETRY_CLASSES",
+    "STORE_DOWN_MODES",
     "Decision",
     "Dispatch",
     "Failover",
@@ -74,7 +78,9 @@ __all__ = [
     "RequestState",
     "RetryClass",
     "Share",
+    "SharedPolicy",
     "SlotLease",
+    "StoreDownMode",
     "Submission",
     "may_retry",
     "service_key",

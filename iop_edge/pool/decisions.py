@@ -39,6 +39,7 @@ class RejectReason(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     CLIENT_GONE = "client_gone"
     HANDED_OVER = "handed_over"
+    STORE_UNAVAILABLE = "store_unavailable"
 
 
 class PendingRequest:

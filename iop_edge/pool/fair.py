@@ -66,12 +66,16 @@ class Share:
     ``rejected`` counts its refusals by reason (kept by the scheduler).
     ``in_flight`` counts the leases it holds pool-wide (the scheduler reports them with
     :meth:`acquire` and :meth:`release`), ``queued`` its requests pending in the book's queues.
+    ``elsewhere``: the leases it holds on the other edges sharing the pool; ``cap`` is its
+    ``max_in_flight`` less those (``configured``: the policy's).
     Read-only for everyone but the book, its queues and the scheduler.
     """
 
     __slots__ = (
         "cap",
+        "configured",
         "cost",
+        "elsewhere",
         "finish",
         "in_flight",
         "max_queued",
@@ -86,7 +90,9 @@ class Share:
         self.name = name
         self.weight = 1.0
         self.cost = 1.0  # 1 / weight: how far one request advances its finish tag
-        self.cap: int | None = None  # max_in_flight
+        self.cap: int | None = None  # max_in_flight, less what it holds elsewhere
+        self.configured: int | None = None  # max_in_flight
+        self.elsewhere = 0
         self.max_queued: int | None = None
         self.in_flight = 0
         self.queued = 0
@@ -206,6 +212,20 @@ class PrincipalBook:
         """A lease of ``principal`` was released (see :meth:`Share.release`)."""
         return self.share(principal).release()
 
+    def set_elsewhere(self, principal: str, held: int) -> Sequence[FairQueue]:
+        """``principal`` holds ``held`` leases on the other edges sharing the pool (they count
+        against its ``max_in_flight``). Returns the queues where its requests were parked and
+        now compete again (it fell under its cap), as :meth:`Share.release` does."""
+        share = self.share(principal)
+        share.elsewhere = held
+        self._apply(share)
+        if not share.parked or not share.eligible:
+            return _NOTHING
+        queues, share.parked = share.parked, []
+        for queue in queues:
+            queue._unpark(share)
+        return queues
+
     # -- live changes --------------------------------------------------------------------------
 
     def reweigh(
@@ -280,7 +300,8 @@ class PrincipalBook:
     def _apply(self, share: Share) -> None:
         share.weight = self._weights.get(share.name, 1.0)
         share.cost = 1.0 / share.weight
-        share.cap = self._caps.get(share.name)
+        cap = share.configured = self._caps.get(share.name)
+        share.cap = None if cap is None else max(0, cap - share.elsewhere)
         share.max_queued = self._queue_caps.get(share.name)
 
     def _tag(self, share: Share) -> float:
@@ -395,6 +416,27 @@ class FairQueue(RequestQueue):
             heapq.heappush(heap, (start, request.request_id, request))
             if len(heap) > 2 * len(self._lanes) + 64:
                 self._compact()
+
+    def restore(self, request: PendingRequest) -> None:
+        """Put back ``request``, taken from here for a dispatch that did not happen (the shared
+        store refused its lease), first among its principal's requests and with its start tag:
+        it keeps its place. One dispatched at once, never queued, keeps its tag of 0 and so
+        goes first too: nothing waiting now arrived before it."""
+        share = request.share
+        request.queue = self
+        share.queued += 1
+        self.live += 1
+        lane = self._lanes.get(share)
+        if lane is None:
+            lane = self._lanes[share] = _Lane()
+        if lane.first:
+            lane.first -= 1
+            lane[lane.first] = request
+        else:
+            lane.insert(0, request)
+        lane.live += 1
+        if not lane.parked:
+            heapq.heappush(self._heap, (request.start, request.request_id, request))
 
     def head(self) -> PendingRequest | None:
         """The request a slot of this queue's kind goes to next, or ``None``: nothing pending,

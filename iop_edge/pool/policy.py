@@ -120,6 +120,38 @@ class HealthPolicy:
         return min(doubled, self.max_eject_ms) / 1000.0
 
 
+StoreDownMode = Literal["static_split", "reject"]
+"""What an edge sharing its pool does while the store does not answer: ``static_split``
+serves with ``floor(capacity / members)`` of each provider, ``reject`` answers 503."""
+STORE_DOWN_MODES: Final[tuple[StoreDownMode, ...]] = ("static_split", "reject")
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPolicy:
+    """The live policy of an edge that shares its pool with others through a store
+    (``provider_pool.shared``; the store's URL is not here: it is restart-class and secret).
+
+    ``lease_ttl_ms``: how long a lease that is no longer renewed (its edge died) still holds
+    its slot; ``on_store_down``: a :data:`StoreDownMode`.
+    """
+
+    lease_ttl_ms: int = 10_000
+    on_store_down: StoreDownMode = "static_split"
+
+    def __post_init__(self) -> None:
+        if self.lease_ttl_ms < 1:
+            raise ValueError(f"lease_ttl_ms {self.lease_ttl_ms} is below 1")
+        if self.on_store_down not in STORE_DOWN_MODES:
+            raise ValueError(
+                f"on_store_down {self.on_store_down!r} is not one of {STORE_DOWN_MODES}"
+            )
+
+    @property
+    def lease_ttl_s(self) -> float:
+        """``lease_ttl_ms`` in seconds."""
+        return self.lease_ttl_ms / 1000.0
+
+
 @dataclass(frozen=True, slots=True)
 class PoolPolicy:
     """The whole admission policy of the edge.
@@ -137,6 +169,8 @@ class PoolPolicy:
     statistics even before their first request). ``derived`` maps each derived group (one that
     shares a model's providers: its ``/v1/completions`` or ``/v1/embeddings`` group) to its
     model's group: a derived group's panic is not reported on its own — one outage, one report.
+    ``shared``: how the pool is shared with other edges through a store (``None``: it is not;
+    this edge's slots are the only ones).
     """
 
     max_queue: int
@@ -152,6 +186,7 @@ class PoolPolicy:
     per_minute: Mapping[str, int] = field(default_factory=dict)
     principals: tuple[str, ...] = ()
     derived: Mapping[str, str] = field(default_factory=dict)
+    shared: SharedPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:

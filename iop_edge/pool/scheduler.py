@@ -41,7 +41,7 @@ and it is refilled at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Final, Literal
 
@@ -121,6 +121,7 @@ class PoolScheduler:
             self._book.share(name)
         self._rates = RateLimits(policy.per_minute)
         self._rated = bool(policy.per_minute)
+        self._rate_share: int | None = 1  # (set_rate_share: None, the store takes the rates)
         self._install(policy)
 
     @property
@@ -143,6 +144,7 @@ class PoolScheduler:
         now: float,
         principal: str = ANONYMOUS,
         submitted_at: float | None = None,
+        over_rate: float | None = None,
     ) -> Submission:
         """Submit a request of ``principal`` for model group ``group_id``: dispatch it, queue
         it or refuse it.
@@ -150,6 +152,9 @@ class PoolScheduler:
         Refusals: unknown group → ``model_not_found``; no enabled provider →
         ``no_available_provider``; no free candidate and ``max_queue`` pending →
         ``queue_full``. A queued request gets ``deadline = now + queue_timeout``.
+        ``over_rate``: the shared store found the principal over its
+        ``max_requests_per_minute`` (the seconds until it may send again): refused
+        ``rate_limit_exceeded`` (see :meth:`set_rate_share`).
         """
         decisions = self._expire_due(now)
         self._last_id += 1
@@ -176,13 +181,17 @@ class PoolScheduler:
                     f"model group {group_id!r} has no enabled provider",
                 )
             )
-        elif self._rated and (wait := self._rates.take(principal, now)) is not None:
+        elif over_rate is not None or (
+            self._rated and (wait := self._rates.take(principal, now)) is not None
+        ):
+            if over_rate is not None:
+                wait = over_rate
             decisions.append(
                 self._reject(
                     request,
                     RejectReason.RATE_LIMIT_EXCEEDED,
                     f"principal {principal!r} is over its max_requests_per_minute "
-                    f"({self._policy.per_minute[principal]}); the next request is allowed in "
+                    f"({self._policy.per_minute.get(principal)}); the next request is allowed in "
                     f"{wait:.3f} s",
                     retry_after=wait,
                 )
@@ -284,6 +293,139 @@ class PoolScheduler:
             self._events.append((key, event))
         self._health_changed(slot, now, decisions)
         return decisions
+
+    # -- a pool shared with other edges (the shell's store says what they hold) ----------------
+
+    def set_elsewhere(
+        self,
+        providers: Mapping[ProviderKey, tuple[int, int]],
+        principals: Mapping[str, int],
+        now: float,
+    ) -> list[Decision]:
+        """The leases held elsewhere — by the other edges sharing the pool, or a static
+        split's reserve while their store is out of reach — count against capacities here:
+        ``providers`` maps a provider to its ``(general, long-context)`` leases held
+        elsewhere, ``principals`` a principal to its. A provider or principal not named keeps
+        what it had. Slots that this frees go to the pending requests at once; a count that
+        grows cancels nothing (as a capacity lowered live)."""
+        decisions = self._expire_due(now)
+        # (the principals first: a slot freed below goes only to those under their cap now)
+        for name, held in principals.items():
+            self._unparked.extend(self._book.set_elsewhere(name, held))
+        for key, (general, long) in providers.items():
+            slot = self._slots.get(key)
+            if slot is None:
+                continue
+            before, long_before = slot.capacity, slot.long_capacity
+            slot.set_elsewhere(general, long)
+            if slot.capacity == before and slot.long_capacity == long_before:
+                continue
+            grew = slot.capacity > before or slot.long_capacity > long_before
+            if not (grew and self._pending and self._refill(slot, now, decisions)):
+                slot.changed()
+        if self._unparked:
+            self._serve_unparked(now, decisions)
+        return decisions
+
+    def within(self, lease: SlotLease) -> bool:
+        """Whether ``lease`` fits what this scheduler may fill now (its provider's capacities
+        and its principal's cap, less what is held elsewhere): a lease granted before a
+        static split may not."""
+        slot = lease.slot
+        cap = lease.request.share.cap
+        return (
+            slot.in_flight <= slot.capacity
+            and (not lease.long_context or slot.long_in_flight <= slot.long_capacity)
+            and (cap is None or lease.request.share.in_flight <= cap)
+        )
+
+    def requeue(self, lease: SlotLease, now: float, refusal: str | None = None) -> list[Decision]:
+        """The shared store refused ``lease`` (just dispatched): the slot is given back — no
+        outcome for the provider's health, not counted as admitted or released — and its
+        request goes back into its queue with its place and deadline, to be dispatched again
+        when a slot is free here *and* in the store (:meth:`set_elsewhere` says first what the
+        store holds, so that it does not come straight back to the same slot).
+
+        ``refusal``: the store cannot be asked (its ``on_store_down`` is ``reject``): the
+        request is refused ``store_unavailable`` with that message instead.
+        """
+        if lease.owner is not self:
+            raise ValueError(f"{lease!r} was not granted by this scheduler")
+        if lease.released:
+            raise ValueError(f"{lease!r} was already released")
+        request = lease.request
+        decisions = self._expire_due(now)
+        lease.released = True
+        request.lease = None
+        self._admitted -= 1
+        request.attempts -= 1
+        slot = lease.slot
+        slot.in_flight -= 1
+        if lease.long_context:
+            slot.long_in_flight -= 1
+        self._unparked.extend(request.share.release())
+        health = slot.health
+        if health.trial is lease:
+            health.trial = None  # (the next request may be the half-open provider's trial)
+            slot.usable = health.usable
+        request.state = RequestState.PENDING
+        group = self._groups.get(request.group_id)
+        if refusal is not None or group is None:
+            reason = RejectReason.STORE_UNAVAILABLE
+            if refusal is None:
+                reason = RejectReason.MODEL_NOT_FOUND
+                refusal = f"model group {request.group_id!r} was removed by a config change"
+            decisions.append(self._reject(request, reason, refusal, config_change=group is None))
+        else:
+            if request.attempts:
+                group.retries.push(request)
+                self._retrying += 1
+            else:
+                group.queues[request.long_context].restore(request)
+            self._pending += 1
+            if request.deadline is not None:
+                self._deadlines.push(request, self._pending)
+        if not (self._pending and self._refill(slot, now, decisions)):
+            slot.changed()
+        if request.queue is not None and request.state is RequestState.PENDING:
+            self._redispatch(request, group, now, decisions)
+        if self._unparked:
+            self._serve_unparked(now, decisions)
+        return decisions
+
+    def set_rate_share(self, share: int | None) -> None:
+        """Who counts ``max_requests_per_minute``: ``None``, the shared store (this scheduler
+        takes no token; :meth:`submit`'s ``over_rate`` carries the store's refusal); ``n``,
+        this scheduler with ``1/n`` of each limit (at least 1): 1 alone, ``n`` for a static
+        split among ``n`` edges while their store is out of reach."""
+        if share == self._rate_share:
+            return
+        self._rate_share = share
+        self._rates = RateLimits(self._rate_limits())
+        self._rated = share is not None and bool(self._policy.per_minute)
+
+    def _rate_limits(self) -> dict[str, int]:
+        share = self._rate_share or 1
+        return {p: max(1, limit // share) for p, limit in self._policy.per_minute.items()}
+
+    def _redispatch(
+        self,
+        request: PendingRequest,
+        group: ModelGroup | None,
+        now: float,
+        decisions: list[Decision],
+    ) -> None:
+        """Dispatch a request just put back at once if another provider of its group is free."""
+        if group is None or not request.share.eligible:
+            return
+        if request.attempts:
+            membership = group.best_untried(request.long_context, request.tried)
+        elif group.queues[request.long_context].head() is request:
+            membership = group.best_candidate(request.long_context)
+        else:
+            return
+        if membership is not None:
+            decisions.append(self._dispatch(request, membership, now))
 
     def start(self, now: float) -> None:
         """Turn idle probes on (the shell, once it runs): from ``now + probe_interval`` every
@@ -444,8 +586,8 @@ class PoolScheduler:
         dropped.sort(key=lambda item: item[0].request_id)
         for request, reason, message in dropped:
             decisions.append(self._reject(request, reason, message, config_change=True))
-        self._rates.update(policy.per_minute)
-        self._rated = bool(policy.per_minute)
+        self._rates.update(self._rate_limits())
+        self._rated = self._rate_share is not None and bool(policy.per_minute)
         self._book.reweigh(
             [q for group in self._groups.values() for q in group.queues],
             weights=policy.weights,
@@ -509,12 +651,13 @@ class PoolScheduler:
             yield PrincipalStatistics(
                 principal=share.name,
                 weight=share.weight,
-                max_in_flight=share.cap,
+                max_in_flight=share.configured,
                 max_queued=share.max_queued,
                 max_requests_per_minute=policy.per_minute.get(share.name),
                 in_flight=share.in_flight,
                 queued=share.queued,
                 rejected=MappingProxyType(dict(share.rejected)),
+                in_flight_elsewhere=share.elsewhere,
             )
 
     # -- internals --------------------------------------------------------------------------

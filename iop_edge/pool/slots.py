@@ -39,17 +39,27 @@ class ProviderSlot:
     ``remote``: its node is reached over a node link; ``connected``: that link is up (always,
     for a local provider; a remote one starts disconnected). ``serving`` caches ``enabled and
     connected``: whether it can be a candidate at all (see the module docstring).
+
+    ``capacity`` / ``long_capacity`` are what this scheduler may fill: the policy's
+    (``configured`` / ``long_configured``) less the leases held ``elsewhere`` /
+    ``long_elsewhere`` (by the other edges sharing the pool, or a static split's reserve:
+    :meth:`PoolScheduler.set_elsewhere`); without a shared pool nothing is held elsewhere and
+    they are the policy's, so the candidate paths compare one number as before.
     """
 
     __slots__ = (
         "capacity",
+        "configured",
         "connected",
+        "elsewhere",
         "enabled",
         "health",
         "in_flight",
         "in_policy",
         "key",
         "long_capacity",
+        "long_configured",
+        "long_elsewhere",
         "long_in_flight",
         "memberships",
         "priority",
@@ -64,8 +74,9 @@ class ProviderSlot:
         self.in_flight = 0
         self.long_in_flight = 0
         self.memberships: list[Membership] = []
-        self.capacity = policy.capacity
-        self.long_capacity = policy.long_context_capacity
+        self.elsewhere = self.long_elsewhere = 0
+        self.configured = self.capacity = policy.capacity
+        self.long_configured = self.long_capacity = policy.long_context_capacity
         self.priority = policy.priority
         self.retry_on = policy.retry_on
         self.enabled = policy.enabled
@@ -83,8 +94,9 @@ class ProviderSlot:
         if not self.enabled and policy.enabled:
             self.health = ProviderHealth(policy.probe)
             self.usable = True
-        self.capacity = policy.capacity
-        self.long_capacity = policy.long_context_capacity
+        self.configured = policy.capacity
+        self.long_configured = policy.long_context_capacity
+        self._fill()
         self.priority = policy.priority
         self.retry_on = policy.retry_on
         self.enabled = policy.enabled
@@ -93,6 +105,16 @@ class ProviderSlot:
         if connected is not self.connected:
             self.set_connected(connected)  # (only if remote changed: links are per node)
         self.serving = self.enabled and self.connected
+
+    def set_elsewhere(self, general: int, long: int) -> None:
+        """The leases held on this provider elsewhere: by the other edges sharing the pool."""
+        self.elsewhere = general
+        self.long_elsewhere = long
+        self._fill()
+
+    def _fill(self) -> None:
+        self.capacity = max(0, self.configured - self.elsewhere)
+        self.long_capacity = max(0, self.long_configured - self.long_elsewhere)
 
     def set_connected(self, connected: bool) -> None:
         """Its node link went down or came back: what was known of its health no longer

@@ -25,6 +25,7 @@ REJECTION_COUNTERS: tuple[str, ...] = (
     "config_change",
     "client_gone",
     "handed_over",
+    "store_unavailable",
 )
 """The keys of :attr:`PoolStatistics.rejected`, in a stable order.
 
@@ -57,6 +58,8 @@ class ProviderStatistics:
     ``status="disabled"``, ``health="disabled"``, ``capacity=0`` and ``long_context_capacity=0``.
     Removed from the policy but still leased: ``status="removed"``, ``health="disabled"``,
     capacities 0, listed after the policy's providers until its last lease is released.
+    ``held_elsewhere`` / ``long_held_elsewhere``: its leases held by the other edges sharing
+    the pool (or a static split's reserve), counted against its capacities here.
     ``in_flight`` counts every held lease (long ones included); ``long_in_flight`` the long ones.
     Health detail: ``consecutive_failures`` (failed requests and failed idle probes since the
     last success) and ``last_failure`` (a sentence), ``held_until`` (a 429's ``Retry-After``),
@@ -86,6 +89,8 @@ class ProviderStatistics:
     probes_failed: int = 0
     probes_trusted: bool = True
     connected: bool = True
+    held_elsewhere: int = 0
+    long_held_elsewhere: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +121,7 @@ class PrincipalStatistics:
     in_flight: int
     queued: int
     rejected: Mapping[str, int]
+    in_flight_elsewhere: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +179,7 @@ def provider_statistics(slot: ProviderSlot) -> ProviderStatistics:
     if slot.enabled:
         status = STATUS_ACTIVE
         health = state.health.value if slot.connected else HEALTH_DISCONNECTED
-        capacity, long_capacity = slot.capacity, slot.long_capacity
+        capacity, long_capacity = slot.configured, slot.long_configured
     else:
         status = STATUS_DISABLED if slot.in_policy else STATUS_REMOVED
         health, capacity, long_capacity = STATUS_DISABLED, 0, 0
@@ -198,4 +204,6 @@ def provider_statistics(slot: ProviderSlot) -> ProviderStatistics:
         probes_failed=state.probes_failed,
         probes_trusted=state.probes_trusted,
         connected=slot.connected,
+        held_elsewhere=slot.elsewhere,
+        long_held_elsewhere=slot.long_elsewhere,
     )

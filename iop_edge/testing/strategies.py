@@ -132,6 +132,8 @@ def valid_docs(draw: st.DrawFn, max_nodes: int = 3, max_models: int = 4) -> dict
             pool["max_queue"] = draw(st.integers(0, 100))
         if draw(st.booleans()):
             pool["queue_timeout_ms"] = draw(st.integers(0, 60_000))
+        if draw(st.integers(0, 3)) == 0:
+            pool["shared"] = draw(shared_sections())
         doc["provider_pool"] = pool
     if draw(st.booleans()):
         doc["long_context_threshold_tokens"] = draw(st.integers(1, 200_000))
@@ -153,6 +155,26 @@ def valid_docs(draw: st.DrawFn, max_nodes: int = 3, max_models: int = 4) -> dict
             "format": draw(st.sampled_from(["json", "console"])),
         }
     return doc
+
+
+#: Valid store URLs of ``provider_pool.shared.store``, one of each form.
+STORE_URLS = (
+    "redis://127.0.0.1:6379/0",
+    "redis://:pw-one@10.0.0.5:6379/2",
+    "rediss://edge:pw-two@redis.internal",
+    "unix:///run/redis/redis.sock?db=1",
+)
+
+
+@st.composite
+def shared_sections(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid ``provider_pool.shared``: a store URL, the other fields set or left out."""
+    shared: dict[str, Any] = {"store": draw(st.sampled_from(STORE_URLS))}
+    if draw(st.booleans()):
+        shared["lease_ttl_ms"] = draw(st.integers(1_000, 600_000))
+    if draw(st.booleans()):
+        shared["on_store_down"] = draw(st.sampled_from(["static_split", "reject"]))
+    return shared
 
 
 # A place inside a document: the mapping keys and list indices that lead to it.
@@ -220,8 +242,10 @@ def _providers(doc: dict[str, Any]) -> list[dict[str, Any]]:
 @st.composite
 def edited_pairs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
     """A valid document and a valid edit of it: live edits (capacity, priority, enabled, queue
-    policy, model fields, runtime metadata) mixed with restart edits (logging, adapter URLs,
-    provider labels, a new node, a removed provider that no model needs)."""
+    policy, the shared pool's lease TTL and store-down mode, model fields, runtime metadata)
+    mixed with restart edits (logging, adapter URLs, provider labels, a new node, a removed
+    provider that no model needs, the shared pool's store, the shared pool added or
+    removed)."""
     before = draw(valid_docs())
     after = copy.deepcopy(before)
     for _ in range(draw(st.integers(0, 6))):
@@ -241,6 +265,9 @@ def edited_pairs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
                     "label",
                     "add_node",
                     "drop_model",
+                    "shared",
+                    "shared_live",
+                    "store",
                 ]
             )
         )
@@ -291,4 +318,14 @@ def edited_pairs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
                 )
         elif edit == "drop_model" and len(after["models"]) > 1:
             after["models"].remove(model)
+        elif edit == "shared":  # added or removed (restart)
+            pool = after.setdefault("provider_pool", {})
+            if pool.pop("shared", None) is None:
+                pool["shared"] = draw(shared_sections())
+        elif edit == "shared_live" and "shared" in after.get("provider_pool", {}):
+            shared = after["provider_pool"]["shared"]
+            shared["lease_ttl_ms"] = draw(st.integers(1_000, 600_000))
+            shared["on_store_down"] = draw(st.sampled_from(["static_split", "reject"]))
+        elif edit == "store" and "shared" in after.get("provider_pool", {}):
+            after["provider_pool"]["shared"]["store"] = draw(st.sampled_from(STORE_URLS))
     return before, after

@@ -74,6 +74,7 @@ ANTHROPIC_ERRORS: Final[dict[str, tuple[AnthropicErrorType, int]]] = {
     "queue_timeout": ("overloaded_error", 529),
     "no_available_provider": ("overloaded_error", 529),
     "handed_over": ("overloaded_error", 529),
+    "store_unavailable": ("overloaded_error", 529),
     "principal_queue_full": ("rate_limit_error", 429),
     "rate_limit_exceeded": ("rate_limit_error", 429),
     "client_gone": ("api_error", 499),

@@ -179,6 +179,7 @@ async def test_max_queued_refuses_429_principal_queue_full_and_status_counts_it(
         "in_flight": 1,
         "queued": 1,
         "rejected": {"principal_queue_full": 1},
+        "in_flight_elsewhere": 0,
     }
     shown = format_status(status)
     assert "principal app-a: rejected principal_queue_full 1" in shown

@@ -95,3 +95,10 @@ def problem_at(doc: Any, path: str) -> str:
     found = [p for p in problems(doc) if p.path == path]
     assert len(found) == 1, f"expected one problem at {path}, got {problems(doc)}"
     return found[0].message
+
+
+def with_shared(**fields: Any) -> dict[str, Any]:
+    """The base document with ``provider_pool.shared`` set to ``fields``."""
+    doc = base_doc()
+    doc["provider_pool"]["shared"] = fields
+    return doc

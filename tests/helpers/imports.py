@@ -211,4 +211,5 @@ SHELL_ONLY = (
     "watchfiles",
     "prometheus_client",
     "structlog",
+    "redis",
 )

@@ -634,6 +634,7 @@ def test_statistics_counters_agree_with_the_requests_fates() -> None:
         "config_change": 0,
         "client_gone": 1,
         "handed_over": 0,
+        "store_unavailable": 0,
     }
     assert (stats.expired, stats.rejected_total, stats.released, stats.double_releases) == (
         1,
