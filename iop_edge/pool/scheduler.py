@@ -267,10 +267,7 @@ class PoolScheduler:
         request is past its deadline and no slot is free at once: then the failure is the
         answer (and still counts for the provider's health).
         """
-        if lease.owner is not self:
-            raise ValueError(f"{lease!r} was not granted by this scheduler")
-        if lease.released:
-            raise ValueError(f"{lease!r} was already released")
+        self._check_held(lease)
         request = lease.request
         decisions = self._expire_due(now)
         if may_retry(failure.kind, lease.slot.retry_on):
@@ -349,10 +346,7 @@ class PoolScheduler:
         ``refusal``: the store cannot be asked (its ``on_store_down`` is ``reject``): the
         request is refused ``store_unavailable`` with that message instead.
         """
-        if lease.owner is not self:
-            raise ValueError(f"{lease!r} was not granted by this scheduler")
-        if lease.released:
-            raise ValueError(f"{lease!r} was already released")
+        self._check_held(lease)
         request = lease.request
         decisions = self._expire_due(now)
         lease.released = True
@@ -407,6 +401,13 @@ class PoolScheduler:
     def _rate_limits(self) -> dict[str, int]:
         share = self._rate_share or 1
         return {p: max(1, limit // share) for p, limit in self._policy.per_minute.items()}
+
+    def _check_held(self, lease: SlotLease) -> None:
+        """Refuse a lease this scheduler did not grant, or one already released."""
+        if lease.owner is not self:
+            raise ValueError(f"{lease!r} was not granted by this scheduler")
+        if lease.released:
+            raise ValueError(f"{lease!r} was already released")
 
     def _redispatch(
         self,

@@ -24,7 +24,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, Final, Literal, TypeVar, cast
+from typing import Any, Final, Literal, TypeVar, cast, get_args
 from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -76,18 +76,7 @@ Op = Literal[
     "take_rate",
     "listen",
 ]
-OPS: Final[tuple[Op, ...]] = (
-    "connect",
-    "acquire",
-    "release",
-    "renew",
-    "reassert",
-    "heartbeat",
-    "leave",
-    "view",
-    "take_rate",
-    "listen",
-)
+OPS: Final[tuple[Op, ...]] = get_args(Op)
 #: leases per script call of ``renew`` and ``reassert`` (each has up to 3 keys and 2 arguments)
 BATCH: Final = 200
 SCHEMES: Final = ("redis", "rediss", "unix")
