@@ -7,6 +7,9 @@ the local scheduler dispatches holds a *lease* in the store before it goes upstr
 (:meth:`PoolScheduler.requeue`) with the store's counts as what is held elsewhere
 (:meth:`PoolScheduler.set_elsewhere`), so it comes back only when a slot is free in the store.
 Releases are published: every edge hears them and gives the freed slot to its waiters at once.
+Every answer of the store carries a version and this edge's own leases among its counts, so
+what is held elsewhere is exact as of that answer, and an older answer (answers cross on the
+way) is never applied after a newer one; another edge's release message may only lower it.
 
 Background work, one task each: renewing this edge's leases every ``lease_ttl_ms / 3``
 (together with its membership); listening for the others' releases; and, while requests wait,
