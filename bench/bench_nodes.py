@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -74,6 +73,7 @@ from peers import (
     edge_config,
     free_port,
     new_principal_token,
+    run_main,
     start_edge,
     start_fake,
     start_node,
@@ -338,13 +338,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-
-    def _terminate(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # unwinds through ProcessSet, which stops every process
-
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted; every process was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

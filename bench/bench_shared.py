@@ -52,7 +52,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -77,6 +76,7 @@ from peers import (
     free_port,
     new_principal_token,
     process_cpu_seconds,
+    run_main,
     start_edge,
     start_fake,
 )
@@ -524,13 +524,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-
-    def _terminate(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # unwinds through ProcessSet, which stops every process
-
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted; every process was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from typing import Any, Generic, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import MODEL, ROOT, CpuMeasured, ProcessSet, Target, have_taskset, start_fake
+from peers import MODEL, ROOT, CpuMeasured, ProcessSet, Target, have_taskset, run_main, start_fake
 from proxy_bench import RESULTS, Bench, meta
 from proxy_bench import parse_options as proxy_bench_options
 from regression import (
@@ -600,13 +599,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-
-    def _terminate(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # unwinds through ProcessSet, which stops every process
-
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted; every process was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

@@ -698,3 +698,18 @@ def sample_cpu(process: CpuMeasured | None) -> Callable[[], float]:
         return lambda: 0.0
     before = process.cpu_seconds()
     return lambda: process.cpu_seconds() - before
+
+
+def run_main(main: Callable[[], int]) -> None:
+    """Run a benchmark's ``main`` as its program: SIGTERM unwinds like Ctrl-C (through
+    ``ProcessSet``, which stops every process it started), and either exits 130."""
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; every process was stopped", file=sys.stderr)
+        sys.exit(130)
